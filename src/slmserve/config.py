@@ -1,0 +1,78 @@
+"""Checks of the workflow configuration beyond its JSON schema, and the naming of runs.
+
+The schema (``config/schemas/config.schema.yaml``, applied by Snakemake's ``validate``) checks types,
+ranges and enumerations and fills defaults; :func:`check` adds what a schema cannot say: that every
+model an experiment names is defined, that its config folder exists, and that the context window holds
+the workload.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key, the value and what is allowed."""
+
+
+def parse_rate(value: float | int | str) -> float:
+    """An arrival rate from the config: a positive number or ``"inf"``."""
+    if isinstance(value, str):
+        if value.strip().lower() in {"inf", "infinity"}:
+            return math.inf
+        raise ConfigError(f"arrival rate {value!r}: allowed values are a positive number or 'inf'")
+    if value <= 0:
+        raise ConfigError(f"arrival rate {value!r}: allowed values are a positive number or 'inf'")
+    return float(value)
+
+
+def rate_label(rate: float) -> str:
+    """How a rate appears in file names: ``inf`` or the number without a trailing ``.0``."""
+    return "inf" if math.isinf(rate) else f"{rate:g}"
+
+
+def _experiment_models(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    exps = config.get("experiments", {})
+    for exp in ("sweep", "families", "replication"):
+        for i, name in enumerate(exps.get(exp, {}).get("models", [])):
+            yield f"experiments.{exp}.models[{i}]", name
+    out = exps.get("output_lengths", {})
+    if out.get("output_lens") and out.get("arrival_rates"):
+        yield "experiments.output_lengths.model", out.get("model", "")
+
+
+def check(config: Mapping[str, Any], root: Path | None = None) -> None:
+    """Raise :class:`ConfigError` for what the schema cannot check. ``root`` resolves relative paths."""
+    root = root or Path.cwd()
+    models = config.get("models", {})
+    for key, name in _experiment_models(config):
+        if name not in models:
+            allowed = ", ".join(sorted(models)) or "(none defined)"
+            raise ConfigError(f"config key {key}: unknown model {name!r}; allowed values: {allowed}")
+    for name, entry in models.items():
+        if entry.get("weights"):
+            continue
+        cfg_dir = root / entry["config"]
+        if not (cfg_dir / "config.json").is_file():
+            raise ConfigError(
+                f"config key models.{name}.config: {cfg_dir}/config.json does not exist; point it at a "
+                "folder holding the model's config.json, or set models.{name}.weights"
+            )
+    wl, eng = config.get("workload", {}), config.get("engine", {})
+    need = wl.get("input_len", 512) + max(
+        [wl.get("output_len", 256), *config.get("experiments", {}).get("output_lengths", {}).get("output_lens", [])]
+    )
+    if eng.get("max_model_len", 1024) < need:
+        raise ConfigError(
+            f"config key engine.max_model_len: {eng.get('max_model_len')} cannot hold input_len + output_len "
+            f"= {need} tokens; set it to at least {need}"
+        )
+    for i, rate in enumerate(config.get("experiments", {}).get("output_lengths", {}).get("arrival_rates", [])):
+        try:
+            parse_rate(rate)
+        except ConfigError as exc:
+            raise ConfigError(f"config key experiments.output_lengths.arrival_rates[{i}]: {exc}") from None
+    parse_rate(wl.get("arrival_rate", "inf"))

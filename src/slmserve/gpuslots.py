@@ -1,0 +1,506 @@
+"""GPU pinning for Snakemake jobs: which GPUs a job with ``resources: gpu=k`` may use.
+
+Snakemake counts GPUs (``--resources gpu=N``) but does not say *which* ones a job gets. So the job
+takes ``k`` free GPU ids itself: one lock file per GPU id, taken with a non-blocking
+``fcntl.flock(LOCK_EX | LOCK_NB)`` and held for as long as the job needs the GPUs; the job then starts
+its server with ``CUDA_VISIBLE_DEVICES`` set to the ids it holds (:meth:`Allocation.env`).
+
+Pool (the ids that may be handed out), first match wins:
+
+1. ``SLMSERVE_GPU_POOL`` (comma-separated; set but empty means no GPUs): for tests ("fake GPU pools")
+   and odd setups;
+2. ``CUDA_VISIBLE_DEVICES`` when set, e.g. inside a SLURM job, which sets it to the allocated GPUs.
+   Entries are kept as strings: integers, or GPU/MIG UUIDs (``GPU-…``, ``MIG-…``). ``""`` means no GPUs;
+   as in CUDA, a negative entry (``-1``) ends the list;
+3. every GPU that NVML sees (``"0"`` … ``"n-1"``);
+4. nothing (a CPU machine, or NVML missing or broken: an empty pool, not an error).
+
+Locks:
+
+* Lock directory: ``SLMSERVE_LOCK_DIR``, else ``/tmp/slmserve-gpu-locks-<uid>`` (with ``-slurm<jobid>``
+  appended inside a SLURM job). It must be host-local, because GPU ids are per node: flock over NFS is
+  emulated with network locks, so a lock directory on a shared filesystem would make jobs on different
+  nodes wait for each other's "GPU 0". If you must use a shared filesystem, put the hostname in the
+  path (``SLMSERVE_LOCK_DIR=$HOME/.slmserve-locks/$(hostname)``). The SLURM suffix is there because
+  SLURM may number each job's GPUs from 0 (cgroup-constrained devices); GPUs of different SLURM jobs
+  are disjoint anyway, so locks only need to coordinate the Snakemake jobs inside one SLURM job.
+  The default directory is per user, so two users sharing a GPU host outside SLURM are not
+  coordinated by this module (that would need a common directory with group-writable lock files).
+* A lock is released by :meth:`GpuSlots.release` (or leaving the ``with`` block), and by the kernel
+  when the holding process dies, however it dies (SIGKILL included): that is flock's property and we
+  rely on it. Lock files are never deleted (deleting one while someone waits on it would let two
+  holders lock two different files of the same name).
+* The lock file descriptors are close-on-exec, so a server started with ``subprocess`` does not
+  inherit them: the locks live exactly as long as the job process. (A child made by a bare
+  ``fork`` without ``exec``, e.g. ``multiprocessing`` with the fork start method, would share them.)
+  If the job is SIGKILLed while its server lives on, the GPU is busy but unlocked; cleaning up the
+  server is the server module's business.
+* The holder writes its pid, hostname, label and start time into the lock file (JSON) after locking,
+  and clears it before unlocking; :func:`who_holds` reads it back for debugging.
+
+Taking ``k`` GPUs is all or nothing: each free id is tried in pool order; if fewer than ``k`` could be
+taken, those are released again (never hold some while waiting for others, so no deadlock) and the
+attempt is repeated every ``poll_s`` seconds until ``timeout_s``. Snakemake's resource accounting
+should mean slots are normally free, so waiting is rare and is logged.
+
+Sharing a GPU on purpose (e.g. the replicas of one replication run) is one job taking one slot and
+starting several servers on it; nothing here needs to know.
+
+A Snakemake ``script:`` job holds its GPUs for its whole life with :func:`allocate`, or for a block with
+``with GpuSlots(k, label=...) as alloc:``, and starts the server with ``env={**os.environ, **alloc.env()}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+POOL_ENV = "SLMSERVE_GPU_POOL"
+LOCK_DIR_ENV = "SLMSERVE_LOCK_DIR"
+CVD = "CUDA_VISIBLE_DEVICES"
+
+#: How often a waiting acquirer says it is still waiting (seconds).
+WAIT_LOG_EVERY_S = 60.0
+
+
+class GpuPoolTooSmall(ValueError):
+    """More GPUs were asked for than the pool holds: waiting would never help."""
+
+
+class NoGpuError(RuntimeError):
+    """GPUs were asked for, the pool is empty, and a CPU fallback was not allowed."""
+
+
+class GpuSlotTimeout(TimeoutError):
+    """The GPUs asked for did not become free within the timeout."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The GPUs a job holds.
+
+    ``ids`` are the pool entries as they appear in the pool: what goes into ``CUDA_VISIBLE_DEVICES``.
+    ``nvml_indices`` are the physical NVML indices for telemetry, where they can be resolved: an
+    integer id is taken to be the NVML index itself (true for a pool from NVML, and for
+    ``CUDA_VISIBLE_DEVICES`` as SLURM sets it; CUDA numbers devices fastest-first unless
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which differs from NVML's PCI order only on mixed-GPU hosts);
+    a GPU or MIG UUID is looked up in NVML (a MIG instance gives its parent GPU's index); ids that
+    cannot be resolved are left out, so ``nvml_indices`` may be shorter than ``ids``. No duplicates.
+    An empty allocation means: run on the CPU.
+    """
+
+    ids: tuple[str, ...]
+    nvml_indices: tuple[int, ...]
+
+    @property
+    def is_cpu(self) -> bool:
+        return not self.ids
+
+    def env(self) -> dict[str, str]:
+        """Environment for the server process: ``{"CUDA_VISIBLE_DEVICES": "a,b"}``.
+
+        An empty (CPU) allocation returns ``{}``: the environment is left as it is. On a CPU machine
+        there is nothing to hide, and an inherited ``CUDA_VISIBLE_DEVICES=""`` stays in force; we do not
+        set ``""`` ourselves so that nothing a CPU engine might consult is hidden.
+        """
+        return {CVD: ",".join(self.ids)} if self.ids else {}
+
+
+# ---------------------------------------------------------------------------------------------- pool
+
+
+def _split(value: str) -> list[str]:
+    """Comma-separated ids: stripped, empties dropped, a negative integer ends the list, no duplicates."""
+    out: list[str] = []
+    for raw in value.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        if re.fullmatch(r"-\d+", item):
+            break
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def _nvml_count() -> int:
+    """Number of GPUs NVML sees; 0 when NVML is missing or fails."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:
+        log.debug("NVML unavailable (%s): empty GPU pool", exc)
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception as exc:
+        log.debug("NVML device count failed (%s): empty GPU pool", exc)
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def gpu_pool(env: Mapping[str, str] | None = None) -> list[str]:
+    """The GPU ids a job may take (see the module docstring for the order of sources)."""
+    env = os.environ if env is None else env
+    if POOL_ENV in env:
+        return _split(env[POOL_ENV])
+    if CVD in env:
+        return _split(env[CVD])
+    return [str(i) for i in range(_nvml_count())]
+
+
+def _as_str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvml_indices(ids: Iterable[str]) -> tuple[int, ...]:
+    """Physical NVML indices of pool ids, where resolvable (see :class:`Allocation`)."""
+    out: list[int] = []
+    uuids: list[str] = []
+    for gid in ids:
+        if re.fullmatch(r"\d+", gid):
+            out.append(int(gid))
+        else:
+            uuids.append(gid)
+    if uuids:
+        out.extend(_resolve_uuids(uuids))
+    return tuple(dict.fromkeys(out))
+
+
+def _resolve_uuids(uuids: list[str]) -> list[int]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:
+        log.debug("NVML unavailable (%s): cannot resolve %s to NVML indices", exc, uuids)
+        return []
+    try:
+        found = []
+        for uid in uuids:
+            idx = _resolve_uuid(pynvml, uid)
+            if idx is None:
+                log.debug("GPU id %s not found in NVML: no telemetry index for it", uid)
+            else:
+                found.append(idx)
+        return found
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _resolve_uuid(pynvml: Any, uid: str) -> int | None:
+    """NVML index of a full GPU/MIG UUID, or of a UUID prefix as CUDA accepts it; None if unknown."""
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uid)
+        try:
+            if pynvml.nvmlDeviceIsMigDeviceHandle(handle):
+                handle = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+        except Exception:
+            pass
+        return int(pynvml.nvmlDeviceGetIndex(handle))
+    except Exception:
+        pass
+    # CUDA also accepts unique UUID prefixes, and old-style MIG ids "MIG-GPU-<uuid>/<gi>/<ci>".
+    want = uid[len("MIG-") :].split("/")[0] if uid.startswith("MIG-GPU-") else uid
+    try:
+        for i in range(int(pynvml.nvmlDeviceGetCount())):
+            full = _as_str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            if full.startswith(want):
+                return i
+    except Exception:
+        pass
+    return None
+
+
+# --------------------------------------------------------------------------------------------- locks
+
+
+def default_lock_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``SLMSERVE_LOCK_DIR``, else ``/tmp/slmserve-gpu-locks-<uid>[-slurm<jobid>]`` (host-local)."""
+    env = os.environ if env is None else env
+    if env.get(LOCK_DIR_ENV):
+        return Path(env[LOCK_DIR_ENV])
+    name = f"slmserve-gpu-locks-{os.getuid()}"
+    if env.get("SLURM_JOB_ID"):
+        name += f"-slurm{env['SLURM_JOB_ID']}"
+    return Path("/tmp") / name
+
+
+def lock_path(gpu: str, lock_dir: Path) -> Path:
+    """Lock file of one GPU id; ids with characters unsafe in a file name get a hash to stay unique."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", gpu)
+    if safe != gpu or not safe.strip("."):
+        safe = f"{safe}-{hashlib.sha256(gpu.encode()).hexdigest()[:8]}"
+    return lock_dir / f"gpu-{safe}.lock"
+
+
+def _try_lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path``, or None if someone else holds it."""
+    # os.open makes non-inheritable fds already (PEP 446); O_CLOEXEC says so explicitly.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    except BaseException:
+        os.close(fd)
+        raise
+    os.set_inheritable(fd, False)
+    return fd
+
+
+def _write_info(fd: int, info: Mapping[str, Any]) -> None:
+    data = (json.dumps(dict(info), sort_keys=True) + "\n").encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def _release_fds(fds: list[int]) -> None:
+    """Clear the holder info (while still holding the lock) and close: closing releases the flock."""
+    while fds:
+        fd = fds.pop()
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def who_holds(gpu: str, lock_dir: Path | None = None, env: Mapping[str, str] | None = None) -> dict | None:
+    """Who holds GPU ``gpu``: ``{"pid", "host", "label", "since", "gpu"}``, or None if it is free.
+
+    For debugging. It probes the lock with a brief non-blocking shared lock, so an acquirer racing with
+    the probe may find the GPU busy for one poll interval. A holder that has locked but not yet written
+    its info gives ``{}``.
+    """
+    path = lock_path(gpu, lock_dir if lock_dir is not None else default_lock_dir(env))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+        else:
+            return None  # we could lock it: nobody holds it (closing the fd drops our probe lock)
+        raw = os.pread(fd, 65536, 0)
+    finally:
+        os.close(fd)
+    try:
+        info = json.loads(raw.decode() or "{}")
+    except (ValueError, UnicodeDecodeError):
+        return {"raw": raw.decode(errors="replace")}
+    return info if isinstance(info, dict) else {"raw": info}
+
+
+def _describe_holders(ids: Iterable[str], lock_dir: Path) -> str:
+    parts = []
+    for gid in ids:
+        try:
+            info = who_holds(gid, lock_dir)
+        except OSError:
+            info = None
+        if info is not None:
+            pid, host, label = info.get("pid", "?"), info.get("host", "?"), info.get("label", "")
+            parts.append(f"{gid}: pid {pid} on {host}" + (f" ({label})" if label else ""))
+    return "; ".join(parts) or "none visible"
+
+
+class GpuSlots:
+    """Hold ``k`` GPUs of the pool for the duration of a ``with`` block (or until :meth:`release`).
+
+    ``with GpuSlots(1, label=str(snakemake.output[0])) as alloc: start_server(env=alloc.env())``
+
+    ``k == 0`` gives an empty allocation without touching any lock. An empty pool with ``k > 0`` gives
+    an empty (CPU) allocation when ``allow_cpu`` is true and raises :class:`NoGpuError` otherwise.
+    ``k`` larger than the pool raises :class:`GpuPoolTooSmall`; not getting ``k`` GPUs within
+    ``timeout_s`` seconds (``None``: wait forever; ``0``: try once) raises :class:`GpuSlotTimeout`.
+    ``env`` (default ``os.environ``) is where the pool and lock directory settings are read from.
+    """
+
+    def __init__(
+        self,
+        k: int,
+        label: str = "",
+        lock_dir: Path | None = None,
+        timeout_s: float | None = 3600,
+        poll_s: float = 1.0,
+        allow_cpu: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be > 0, got {poll_s}")
+        if timeout_s is not None and timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0 or None, got {timeout_s}")
+        self.k = k
+        self.label = label
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self.allow_cpu = allow_cpu
+        self._env: Mapping[str, str] = dict(os.environ if env is None else env)
+        self.lock_dir = Path(lock_dir) if lock_dir is not None else default_lock_dir(self._env)
+        self._fds: list[int] = []
+        self._allocation: Allocation | None = None
+        # Close the fds (so release the locks) if this object is dropped without release().
+        self._finalizer = weakref.finalize(self, _release_fds, self._fds)
+
+    @property
+    def allocation(self) -> Allocation | None:
+        """The current allocation, or None when not holding."""
+        return self._allocation
+
+    def acquire(self) -> Allocation:
+        if self._allocation is not None:
+            raise RuntimeError("GpuSlots already holds an allocation; release() it first")
+        pool = gpu_pool(self._env)
+        if self.k == 0:
+            self._allocation = Allocation((), ())
+            return self._allocation
+        if not pool:
+            if not self.allow_cpu:
+                raise NoGpuError(
+                    f"{self.k} GPU(s) requested but the GPU pool is empty (no {POOL_ENV}, "
+                    f"{CVD}={self._env.get(CVD)!r}, NVML sees no GPU) and allow_cpu=False"
+                )
+            log.info("no GPUs in the pool: %r gets a CPU allocation", self.label or "job")
+            self._allocation = Allocation((), ())
+            return self._allocation
+        if self.k > len(pool):
+            raise GpuPoolTooSmall(
+                f"{self.k} GPU(s) requested but the GPU pool has only {len(pool)}: {pool}. "
+                f"Run Snakemake with --resources gpu=N where N is at most the pool size, give rules "
+                f"fewer GPUs, or make more GPUs visible ({CVD}, or {POOL_ENV} to override the pool)."
+            )
+        self.lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        start = time.monotonic()
+        next_log = 0.0
+        while True:
+            taken = self._try_take(pool)
+            if taken is not None:
+                break
+            waited = time.monotonic() - start
+            if self.timeout_s is not None and waited >= self.timeout_s:
+                raise GpuSlotTimeout(
+                    f"could not take {self.k} GPU slot(s) of pool {pool} within {self.timeout_s:g} s "
+                    f"(lock dir {self.lock_dir}); held: {_describe_holders(pool, self.lock_dir)}. "
+                    f"Snakemake's --resources gpu=N must not exceed the pool; look for stray jobs."
+                )
+            if waited >= next_log:
+                level = logging.WARNING if next_log == 0.0 else logging.INFO
+                log.log(
+                    level,
+                    "%r waiting for %d GPU slot(s) of pool %s (%.0f s so far); held: %s",
+                    self.label or "job",
+                    self.k,
+                    pool,
+                    waited,
+                    _describe_holders(pool, self.lock_dir),
+                )
+                next_log = waited + WAIT_LOG_EVERY_S
+            sleep = self.poll_s
+            if self.timeout_s is not None:
+                sleep = min(sleep, max(self.timeout_s - waited, 0.0))
+            time.sleep(sleep)
+        ids = tuple(taken)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "label": self.label}
+        info["since"] = datetime.now(UTC).isoformat(timespec="seconds")
+        for gid, fd in zip(ids, self._fds, strict=True):
+            _write_info(fd, {**info, "gpu": gid})
+        self._allocation = Allocation(ids=ids, nvml_indices=nvml_indices(ids))
+        log.info("%r holds GPU(s) %s", self.label or "job", ",".join(ids))
+        return self._allocation
+
+    def _try_take(self, pool: list[str]) -> list[str] | None:
+        """One all-or-nothing pass over the pool; the fds end up in ``self._fds`` on success."""
+        taken: list[str] = []
+        try:
+            for gid in pool:
+                if len(taken) == self.k:
+                    break
+                fd = _try_lock(lock_path(gid, self.lock_dir))
+                if fd is not None:
+                    self._fds.append(fd)
+                    taken.append(gid)
+        except BaseException:
+            _release_fds(self._fds)
+            raise
+        if len(taken) < self.k:
+            _release_fds(self._fds)
+            return None
+        return taken
+
+    def release(self) -> None:
+        """Release the GPUs (idempotent)."""
+        _release_fds(self._fds)
+        if self._allocation is not None and self._allocation.ids:
+            log.info("%r released GPU(s) %s", self.label or "job", ",".join(self._allocation.ids))
+        self._allocation = None
+
+    def __enter__(self) -> Allocation:
+        return self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+_HELD: list[GpuSlots] = []
+
+
+def allocate(
+    k: int,
+    label: str = "",
+    *,
+    lock_dir: Path | None = None,
+    timeout_s: float | None = 3600,
+    poll_s: float = 1.0,
+    allow_cpu: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> Allocation:
+    """Take ``k`` GPUs and hold them until the process exits (or :func:`release_all`).
+
+    For a job that needs its GPUs for its whole life. With an empty pool: an empty (CPU) allocation if
+    ``allow_cpu``, else :class:`NoGpuError`. Other errors as for :class:`GpuSlots`.
+    """
+    slots = GpuSlots(k, label, lock_dir, timeout_s, poll_s, allow_cpu, env)
+    alloc = slots.acquire()
+    _HELD.append(slots)
+    return alloc
+
+
+def release_all() -> None:
+    """Release everything taken with :func:`allocate` in this process."""
+    while _HELD:
+        _HELD.pop().release()

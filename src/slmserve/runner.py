@@ -1,0 +1,245 @@
+"""One measured configuration: a model on k GPUs, a set of batch sizes, one workload.
+
+A *sweep job* takes its GPUs (:mod:`gpuslots`), starts the vLLM server (:mod:`server`), and for each batch
+size runs the load generator (:mod:`loadgen`) with the telemetry sampler (:mod:`telemetry`) beside it,
+writing one requests parquet and one telemetry parquet per batch size. With ``batch_control: client`` one
+server (``--max-num-seqs`` = the largest batch) serves every batch size and the client holds the batch;
+with ``server`` the server is restarted per batch size with ``--max-num-seqs`` = the batch (the paper's
+method). A batch whose requests do not fit in the KV cache, or a memory share vLLM refuses, is written as a
+run with status ``infeasible`` and the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from slmserve import io, provenance, telemetry
+from slmserve.gpuslots import Allocation, GpuSlots
+from slmserve.loadgen import LoadResult, LoadSpec, result_meta, run_load_async, to_frame
+from slmserve.server import InfeasibleError, ServerError, ServerSpec, VllmServer, install_signal_handlers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepJob:
+    """Everything one sweep job needs; built by the Snakemake rule from the config."""
+
+    model: str
+    model_path: str
+    load_format: str
+    tensor_parallel: int
+    batch_sizes: list[int]
+    prompts_path: Path
+    outputs: dict[int, tuple[Path, Path]]  # batch size -> (requests parquet, telemetry parquet)
+    log_dir: Path
+    input_len: int
+    output_len: int
+    num_requests: int
+    arrival_rate: float = math.inf
+    warmup_requests: int = 8
+    seed: int = 0
+    batch_control: str = "client"
+    memory_share: float = 0.9
+    memory_budget_gb: float | None = None
+    max_model_len: int = 1024
+    dtype: str = "float16"
+    startup_timeout_s: float = 900.0
+    cpu_kv_cache_gb: float = 2.0
+    stream_interval: int | None = None
+    telemetry_interval_s: float = 0.1
+    telemetry_enabled: bool = True
+    profile: str = "paper"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("outputs", "prompts_path", "log_dir"):
+            d.pop(key)
+        return d
+
+
+def gpu_total_gb(nvml_index: int) -> float:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(nvml_index))
+        return float(info.total) / 1e9
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def memory_settings(job: SweepJob, alloc: Allocation) -> dict[str, Any]:
+    """``--gpu-memory-utilization`` from the share or the GB budget; on the CPU engine a KV-cache size."""
+    if not alloc.ids:
+        return {"gpu_memory_utilization": 0.5, "kv_cache_memory_bytes": int(job.cpu_kv_cache_gb * 2**30)}
+    if job.memory_budget_gb is None:
+        return {"gpu_memory_utilization": job.memory_share}
+    total = gpu_total_gb(alloc.nvml_indices[0]) if alloc.nvml_indices else None
+    if total is None:
+        raise ServerError("memory_budget_gb needs NVML to read the GPU's total memory")
+    util = job.memory_budget_gb / total
+    if util > 1:
+        raise InfeasibleError(f"memory budget {job.memory_budget_gb} GB exceeds the GPU's {total:.1f} GB")
+    return {"gpu_memory_utilization": util}
+
+
+def kv_tokens_needed(batch: int, input_len: int, output_len: int, block_size: int | None) -> int:
+    """KV-cache tokens a batch needs: each sequence holds whole blocks of prompt plus output."""
+    per_seq = input_len + output_len
+    if block_size:
+        per_seq = math.ceil(per_seq / block_size) * block_size
+    return batch * per_seq
+
+
+def _server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) -> ServerSpec:
+    return ServerSpec(
+        model=job.model_path,
+        served_name=job.model,
+        log_path=job.log_dir / f"server-{tag}.log",
+        max_num_seqs=max_num_seqs,
+        max_model_len=job.max_model_len,
+        tensor_parallel_size=job.tensor_parallel,
+        load_format=job.load_format,
+        dtype=job.dtype,
+        stream_interval=job.stream_interval,
+        env=alloc.env(),
+        startup_timeout_s=job.startup_timeout_s,
+        **memory_settings(job, alloc),
+    )
+
+
+async def _guarded_load(spec: LoadSpec, alive: Callable[[], bool], poll_s: float = 0.5) -> LoadResult:
+    """Run the load, but stop at once if the server process dies."""
+    task = asyncio.create_task(run_load_async(spec))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if not alive():
+            task.cancel()
+            with_exc = await asyncio.gather(task, return_exceptions=True)
+            del with_exc
+            raise ServerError("the vLLM server died during the measured run")
+
+
+def _base_meta(job: SweepJob, batch: int, alloc: Allocation) -> dict[str, Any]:
+    return {
+        "run": {**job.describe(), "batch_size": batch, "batch_sizes": None},
+        "provenance": provenance.collect({**job.describe(), "batch_size": batch}, alloc.nvml_indices),
+        "gpu_ids": list(alloc.ids),
+    }
+
+
+def write_infeasible(job: SweepJob, batch: int, alloc: Allocation, reason: str, server: dict | None) -> None:
+    req_path, tel_path = job.outputs[batch]
+    meta = {**_base_meta(job, batch, alloc), "status": "infeasible", "reason": reason, "server": server}
+    log.warning("batch %d infeasible: %s", batch, reason)
+    io.write_parquet(telemetry.empty_frame(), tel_path, meta)
+    io.write_parquet(to_frame_empty(), req_path, meta)
+
+
+def to_frame_empty() -> pl.DataFrame:
+    """The requests schema with no rows (an infeasible run)."""
+    return to_frame(
+        LoadResult(
+            records=[], t0_mono=0.0, t0_wall=0.0, peak_inflight=0, lag_p50_s=0.0, lag_p99_s=0.0,
+            lag_max_s=0.0, lag_ok=True, inflight_ok=True, n_ok=0, n_error=0, duration_s=0.0, warmup_done=0,
+        )
+    )  # fmt: skip
+
+
+def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, prompts: pl.DataFrame) -> None:
+    """One batch size on a running server: feasibility check, load with telemetry, two parquet files."""
+    need = kv_tokens_needed(batch, job.input_len, job.output_len, srv.block_size)
+    if srv.kv_cache_tokens is not None and need > srv.kv_cache_tokens:
+        reason = (
+            f"batch {batch} needs {need} KV-cache tokens ({job.input_len}+{job.output_len} per request), "
+            f"the server has {srv.kv_cache_tokens}"
+        )
+        write_infeasible(job, batch, alloc, reason, srv.info())
+        return
+    spec = LoadSpec(
+        base_url=srv.base_url,
+        model=job.model,
+        prompts=prompts["token_ids"].to_list(),
+        request_ids=prompts["request_id"].to_list(),
+        output_len=job.output_len,
+        rate=job.arrival_rate,
+        concurrency=batch if job.batch_control == "client" else None,
+        seed=job.seed,
+        warmup=job.warmup_requests,
+    )
+    sampler = telemetry.Sampler(alloc.nvml_indices, job.telemetry_interval_s)
+    if job.telemetry_enabled:
+        sampler.start()
+    try:
+        result = asyncio.run(_guarded_load(spec, srv.alive))
+    finally:
+        tel = sampler.stop() if job.telemetry_enabled else telemetry.empty_frame()
+    if result.n_error:
+        first = next(r for r in result.records if _field(r, "status") != "ok")
+        raise ServerError(
+            f"{result.n_error} of {len(result.records)} requests failed at batch {batch}; first error: "
+            f"{_field(first, 'error')}",
+            srv.spec.log_path,
+        )
+    req_path, tel_path = job.outputs[batch]
+    meta = {
+        **_base_meta(job, batch, alloc),
+        "status": "ok",
+        "reason": None,
+        "server": srv.info(),
+        "load": result_meta(result),
+        "telemetry": {"enabled": job.telemetry_enabled, **sampler.status},
+    }
+    io.write_parquet(tel, tel_path, meta)
+    io.write_parquet(to_frame(result), req_path, meta)
+    log.info(
+        "batch %d: %d requests in %.2f s (peak in flight %d, lag p99 %.1f ms)",
+        batch, result.n_ok, result.duration_s, result.peak_inflight, result.lag_p99_s * 1e3,
+    )  # fmt: skip
+
+
+def _field(record: Any, name: str) -> Any:
+    return record[name] if isinstance(record, dict) else getattr(record, name)
+
+
+def _serve(job: SweepJob, alloc: Allocation, batches: Sequence[int], max_num_seqs: int, tag: str,
+           prompts: pl.DataFrame) -> None:  # fmt: skip
+    try:
+        with VllmServer(_server_spec(job, alloc, max_num_seqs, tag)) as srv:
+            log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
+            for batch in batches:
+                measure(job, srv, batch, alloc, prompts)
+    except InfeasibleError as exc:
+        for batch in batches:
+            if not job.outputs[batch][0].exists():
+                write_infeasible(job, batch, alloc, exc.reason, None)
+
+
+def run_sweep(job: SweepJob) -> None:
+    """Run every batch size of ``job``; raises on failures that are errors, not results."""
+    install_signal_handlers()
+    prompts = pl.read_parquet(job.prompts_path).head(job.num_requests)
+    if prompts.height < job.num_requests:
+        raise ValueError(f"{job.prompts_path}: {prompts.height} prompts, the workload needs {job.num_requests}")
+    with GpuSlots(job.tensor_parallel, label=f"{job.model} tp{job.tensor_parallel}") as alloc:
+        if not alloc.ids and job.tensor_parallel > 1:
+            raise ServerError(f"tensor_parallel {job.tensor_parallel} needs GPUs; none are visible")
+        log.info("GPUs %s (NVML %s)", list(alloc.ids) or "none: CPU engine", list(alloc.nvml_indices))
+        batches = sorted(job.batch_sizes)
+        if job.batch_control == "client":
+            _serve(job, alloc, batches, max(batches), "all", prompts)
+        else:
+            for batch in batches:
+                _serve(job, alloc, [batch], batch, f"bs{batch}", prompts)

@@ -1,0 +1,346 @@
+"""Lifecycle of one vLLM OpenAI-compatible server: start on 127.0.0.1, wait for health, stop the whole
+process group on every path out.
+
+The server runs in a new session (its own process group), so stopping it means signalling that group:
+the API server, its engine core and its workers. If the job that started it is killed outright
+(SIGKILL), the kernel sends the server SIGTERM through ``PR_SET_PDEATHSIG``, so no server outlives its
+job. Call :func:`install_signal_handlers` in a job's main thread so that Snakemake's SIGTERM or a
+SIGINT unwinds the ``with`` blocks (and stops the server) instead of killing the job in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+HOST = "127.0.0.1"
+
+# Log lines with which vLLM refuses a memory share or a cache size: results ("infeasible"), not errors.
+INFEASIBLE_PATTERNS: tuple[str, ...] = (
+    r"No available memory for the cache blocks",
+    r"[Ii]nsufficient memory",
+    r"is less than desired (GPU|CPU) memory utilization",
+    r"larger than the available KV cache memory",
+    r"(CUDA|torch\.OutOfMemoryError).{0,40}out of memory",
+    r"Not enough memory",
+    r"KV cache is needed, which is larger than",
+    r"max seq len .* is larger than the maximum number of tokens that can be stored in KV cache",
+)
+_KV_LOG_RE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
+
+
+class ServerError(RuntimeError):
+    """The server failed to start or died; ``log_tail`` holds the end of its log."""
+
+    def __init__(self, message: str, log_path: Path | None = None, log_tail: str = "") -> None:
+        self.log_path = log_path
+        self.log_tail = log_tail
+        where = f" (log: {log_path})" if log_path else ""
+        tail = f"\n--- last lines of the server log ---\n{log_tail}" if log_tail else ""
+        super().__init__(f"{message}{where}{tail}")
+
+
+class InfeasibleError(ServerError):
+    """vLLM refused the configuration for lack of memory: recorded as an infeasible run."""
+
+    def __init__(self, reason: str, log_path: Path | None = None, log_tail: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"infeasible: {reason}", log_path, log_tail)
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM or SIGINT so that cleanup runs."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+
+
+def install_signal_handlers() -> None:
+    """Turn SIGTERM and SIGINT into :class:`Terminated` in the main thread (idempotent)."""
+
+    def _raise(signum: int, _frame: FrameType | None) -> None:
+        raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, _raise)
+    signal.signal(signal.SIGINT, _raise)
+
+
+def _lock_dir() -> Path:
+    path = Path(os.environ.get("SLMSERVE_LOCK_DIR", f"/tmp/slmserve-gpu-locks-{os.getuid()}"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def reserve_port(lock_dir: Path | None = None, attempts: int = 50) -> tuple[int, int]:
+    """A free TCP port on 127.0.0.1 that no other job of this workflow holds.
+
+    Returns ``(port, fd)``: the port is held by a ``flock`` on ``port-N.lock`` until ``fd`` is closed.
+    """
+    lock_dir = lock_dir or _lock_dir()
+    for _ in range(attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, 0))
+            port = int(sock.getsockname()[1])
+        fd = os.open(lock_dir / f"port-{port}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return port, fd
+    raise ServerError(f"could not reserve a free port on {HOST} after {attempts} attempts")
+
+
+def _pdeathsig() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class ServerSpec:
+    """How to start one vLLM server. ``model`` is a directory with ``config.json`` (dummy weights),
+    a directory with real weights, or a hub id."""
+
+    model: str
+    served_name: str
+    log_path: Path
+    max_num_seqs: int
+    max_model_len: int
+    tensor_parallel_size: int = 1
+    load_format: str = "dummy"
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    dtype: str = "auto"
+    enable_prefix_caching: bool = False
+    stream_interval: int | None = None
+    extra_args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 900.0
+    stop_timeout_s: float = 20.0
+    python: str = sys.executable
+
+    def argv(self, port: int) -> list[str]:
+        args = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model,
+            "--served-model-name", self.served_name,
+            "--host", HOST, "--port", str(port),
+            "--load-format", self.load_format,
+            "--skip-tokenizer-init",
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--max-model-len", str(self.max_model_len),
+            "--tensor-parallel-size", str(self.tensor_parallel_size),
+            "--dtype", self.dtype,
+            "--disable-uvicorn-access-log",
+            "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
+        ]  # fmt: skip
+        if self.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:.4f}"]
+        if self.kv_cache_memory_bytes is not None:
+            args += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
+        if self.stream_interval is not None:
+            args += ["--stream-interval", str(self.stream_interval)]
+        return [*args, *self.extra_args]
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def infeasible_reason(log_text: str) -> str | None:
+    """The log line with which vLLM refused the memory share, if any."""
+    for pattern in INFEASIBLE_PATTERNS:
+        match = re.search(pattern, log_text)
+        if match:
+            start = log_text.rfind("\n", 0, match.start()) + 1
+            end = log_text.find("\n", match.end())
+            return log_text[start : end if end >= 0 else None].strip()[-400:]
+    return None
+
+
+def kv_cache_tokens_from_log(log_text: str) -> int | None:
+    found = _KV_LOG_RE.findall(log_text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def _get(url: str, timeout: float) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback only)
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), b""
+
+
+class VllmServer:
+    """A running vLLM server; use as a context manager."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port: int | None = None
+        self._port_fd: int | None = None
+        self._log: IO[bytes] | None = None
+        self.startup_s: float | None = None
+        self.kv_cache_tokens: int | None = None
+        self.block_size: int | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self) -> VllmServer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        spec = self.spec
+        self.port, self._port_fd = reserve_port()
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = spec.log_path.open("ab")
+        self._log.write(f"# slmserve: {' '.join(spec.argv(self.port))}\n".encode())
+        self._log.flush()
+        env = {**os.environ, **spec.env}
+        # Never let NCCL use NVLink multicast (it can take a shared host's GPUs out of service).
+        env.setdefault("NCCL_NVLS_ENABLE", "0")
+        env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            spec.argv(self.port),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_pdeathsig,
+        )
+        self._wait_healthy(t0)
+        self.startup_s = time.monotonic() - t0
+        self._read_kv_capacity()
+
+    def _fail(self, message: str) -> None:
+        tail = log_tail(self.spec.log_path)
+        full = self.spec.log_path.read_text(errors="replace") if self.spec.log_path.exists() else ""
+        reason = infeasible_reason(full)
+        if reason is not None:
+            raise InfeasibleError(reason, self.spec.log_path, tail)
+        raise ServerError(message, self.spec.log_path, tail)
+
+    def _wait_healthy(self, t0: float) -> None:
+        deadline = t0 + self.spec.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                self._fail(f"vLLM server exited with code {self.proc.returncode} before becoming healthy")
+            with contextlib.suppress(OSError):
+                status, _ = _get(f"{self.base_url}/health", timeout=2.0)
+                if status == 200:
+                    return
+            time.sleep(0.5)
+        self._fail(f"vLLM server not healthy after {self.spec.startup_timeout_s:.0f} s")
+
+    def _read_kv_capacity(self) -> None:
+        """KV-cache capacity in tokens: ``num_gpu_blocks * block_size`` from /metrics, else the log."""
+        with contextlib.suppress(OSError, ValueError):
+            _, body = _get(f"{self.base_url}/metrics", timeout=5.0)
+            for line in body.decode().splitlines():
+                if line.startswith("vllm:cache_config_info{"):
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+                    blocks, size = labels.get("num_gpu_blocks"), labels.get("block_size")
+                    if blocks not in (None, "None") and size not in (None, "None"):
+                        self.block_size = int(size)
+                        self.kv_cache_tokens = int(blocks) * int(size)
+                        return
+        self.kv_cache_tokens = kv_cache_tokens_from_log(self.spec.log_path.read_text(errors="replace"))
+
+    def stop(self) -> None:
+        """Stop the server's whole process group (SIGTERM, then SIGKILL) and wait for it."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            _kill_group(proc, self.spec.stop_timeout_s)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._port_fd is not None:
+            os.close(self._port_fd)
+            self._port_fd = None
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "port": self.port,
+            "startup_s": self.startup_s,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "block_size": self.block_size,
+            "argv": self.spec.argv(self.port or 0)[1:],
+            "log": str(self.spec.log_path),
+        }
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    pgid = proc.pid  # start_new_session: the group id is the leader's pid
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.2)
+            if proc.poll() is not None and not _group_alive(pgid):
+                return
+    proc.wait()
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return predicate()
+
+
+def dump_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
