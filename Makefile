@@ -14,7 +14,7 @@ setup:
 	@envs/setup.sh
 
 demo: setup
-	$(SMK) --configfile config/smoke.yaml --cores $(CORES) --resources gpu=1 all
+	$(SMK) all --configfile config/smoke.yaml --cores $(CORES) --resources gpu=1
 	@echo "demo: figures in smoke/paper_figures/, results in smoke/results/"
 
 test: setup
@@ -27,7 +27,7 @@ lint: setup
 	$(SMK) --lint
 
 dryrun: setup
-	$(SMK) -n --cores 4 --resources gpu=4 all
+	$(SMK) all -n --cores 4 --resources gpu=4
 
 clean-smoke:
 	rm -rf smoke logs/smoke

@@ -18,6 +18,10 @@ import polars as pl
 from slmserve import io, provenance, telemetry
 
 
+# A run whose load generator used more than this share of one core may have been client-bound.
+CLIENT_CPU_LIMIT = 0.9
+
+
 def telemetry_path(requests_path: str | os.PathLike[str]) -> Path:
     """The telemetry parquet that sits beside a requests parquet."""
     p = Path(requests_path)
@@ -94,7 +98,12 @@ def summarize_run(requests_path: str | os.PathLike[str], models: Mapping[str, An
     row.update(
         peak_inflight=load.get("peak_inflight"),
         lag_p99_s=load.get("lag_p99_s"),
-        client_ok=bool(load.get("lag_ok", True) and load.get("inflight_ok", True)),
+        client_cpu_frac=load.get("client_cpu_frac"),
+        client_ok=bool(
+            load.get("lag_ok", True)
+            and load.get("inflight_ok", True)
+            and (load.get("client_cpu_frac") or 0.0) < CLIENT_CPU_LIMIT
+        ),
     )
     t0 = load.get("t0_mono", 0.0)
     tel = pl.read_parquet(telemetry_path(requests_path))

@@ -63,10 +63,11 @@ def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None) ->
 def throughput_latency(summary: pl.DataFrame) -> tuple[alt.Chart, str]:
     """Figure 1: throughput (requests/s) against mean latency, one point per batch size, a curve per
     model and GPU count."""
-    data = ok_runs(summary).with_columns(
+    data = ok_runs(summary).select(
+        "model", "tp", "batch_size", "throughput_rps", "latency_mean_s",
         series=pl.col("model") + pl.lit(" · ") + pl.col("tp").cast(pl.String) + pl.lit(" GPU"),
         gpus=pl.col("tp").cast(pl.String),
-    )
+    )  # fmt: skip
     base = alt.Chart(data).encode(
         x=alt.X("latency_mean_s:Q", title="Mean end-to-end latency (s)", scale=alt.Scale(type="log")),
         y=alt.Y("throughput_rps:Q", title="Throughput (requests/s)"),

@@ -142,6 +142,15 @@ class LoadResult:
     aborted: bool = False
     """The run aborted on a refused connection (requests not yet sent became errors)."""
     lag_threshold_s: float = 0.010
+    client_cpu_s: float | None = None
+    """CPU time of this process (all threads) during the measured phase."""
+
+    @property
+    def client_cpu_frac(self) -> float | None:
+        """``client_cpu_s`` per second of the run: near 1.0 means one core was saturated."""
+        if self.client_cpu_s is None or not self.duration_s:
+            return None
+        return self.client_cpu_s / self.duration_s
 
 
 def schedule(n: int, rate: float, seed: int) -> list[float]:
@@ -469,7 +478,9 @@ async def run_load_async(spec: LoadSpec) -> LoadResult:
             await warm.run()
             warmup_done = sum(1 for r in warm.records if r is not None and r.status == "ok")
         phase = _Phase(session, spec, bodies, list(spec.request_ids), offsets)
+        cpu0 = time.process_time()
         t0 = await phase.run()
+        client_cpu_s = time.process_time() - cpu0
         t0_wall = phase.t0_wall
     records = [r for r in phase.records if r is not None]
     lags = sorted(phase.lags)
@@ -500,6 +511,7 @@ async def run_load_async(spec: LoadSpec) -> LoadResult:
         n_requests=n,
         aborted=phase.aborted,
         lag_threshold_s=spec.lag_threshold_s,
+        client_cpu_s=client_cpu_s,
     )
 
 
@@ -582,4 +594,6 @@ def result_meta(result: LoadResult) -> dict[str, Any]:
         "duration_s": result.duration_s,
         "warmup_done": result.warmup_done,
         "aborted": result.aborted,
+        "client_cpu_s": result.client_cpu_s,
+        "client_cpu_frac": result.client_cpu_frac,
     }

@@ -44,6 +44,8 @@ class SweepJob:
     input_len: int
     output_len: int
     num_requests: int
+    rounds_per_batch: int | None = None  # if set, small batches get max(min_requests, rounds * batch) requests
+    min_requests: int = 64
     arrival_rate: float = math.inf
     warmup_requests: int = 8
     seed: int = 0
@@ -55,6 +57,7 @@ class SweepJob:
     startup_timeout_s: float = 900.0
     cpu_kv_cache_gb: float = 2.0
     stream_interval: int | None = None
+    stream: bool = True  # False: non-streaming requests (no TTFT), the cheapest client
     telemetry_interval_s: float = 0.1
     telemetry_enabled: bool = True
     profile: str = "paper"
@@ -91,6 +94,14 @@ def memory_settings(job: SweepJob, alloc: Allocation) -> dict[str, Any]:
     if util > 1:
         raise InfeasibleError(f"memory budget {job.memory_budget_gb} GB exceeds the GPU's {total:.1f} GB")
     return {"gpu_memory_utilization": util}
+
+
+def requests_for(job: SweepJob, batch: int) -> int:
+    """Requests measured at ``batch``: the workload's count, or fewer for small batches when
+    ``rounds_per_batch`` is set (each batch slot still serves that many requests)."""
+    if job.rounds_per_batch is None:
+        return job.num_requests
+    return min(job.num_requests, max(job.min_requests, job.rounds_per_batch * batch))
 
 
 def kv_tokens_needed(batch: int, input_len: int, output_len: int, block_size: int | None) -> int:
@@ -168,16 +179,23 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
         )
         write_infeasible(job, batch, alloc, reason, srv.info())
         return
+    n = requests_for(job, batch)
     spec = LoadSpec(
         base_url=srv.base_url,
         model=job.model,
-        prompts=prompts["token_ids"].to_list(),
-        request_ids=prompts["request_id"].to_list(),
+        prompts=prompts["token_ids"].head(n).to_list(),
+        request_ids=prompts["request_id"].head(n).to_list(),
         output_len=job.output_len,
         rate=job.arrival_rate,
         concurrency=batch if job.batch_control == "client" else None,
         seed=job.seed,
-        warmup=job.warmup_requests,
+        stream=job.stream,
+        # Warm up with one full round at this batch (at least warmup_requests): a fresh server runs its
+        # first large batch measurably slower (seen on an H100 with OPT-125m at batch 512).
+        warmup=max(job.warmup_requests, min(batch, n)),
+        # All-at-once: the client must put the whole batch in flight before the server can answer;
+        # starting a request costs ~0.1-0.2 ms of client CPU, so allow ~0.5 ms per request sent at t0.
+        lag_threshold_s=0.010 if math.isfinite(job.arrival_rate) else max(0.010, 0.0005 * min(n, batch)),
     )
     sampler = telemetry.Sampler(alloc.nvml_indices, job.telemetry_interval_s)
     if job.telemetry_enabled:
