@@ -16,6 +16,16 @@ validate(config, "config/schemas/config.schema.yaml")
 
 
 include: "rules/common.smk"
+
+
+wildcard_constraints:
+    model=MODEL_RE,
+    tp=r"\d+",
+    out=r"\d+",
+    rate=r"inf|\d+(\.\d+)?",
+    bs=r"\d+",
+
+
 include: "rules/dataset.smk"
 include: "rules/measure.smk"
 include: "rules/summarize.smk"

@@ -153,9 +153,7 @@ def main() -> int:
         timings[mode] = time.monotonic() - t
         print(f"== {args.model} {mode}: {timings[mode]:.1f} s for batches {batches}", flush=True)
     paths = sorted(
-        p
-        for mode in ("client", "server")
-        for p in (args.out / "runs" / args.model / mode).glob("bs*.requests.parquet")
+        p for mode in ("client", "server") for p in (args.out / "runs" / args.model / mode).glob("bs*.requests.parquet")
     )
     summary = analysis.summarize_runs(paths)
     summary = summary.with_columns(mode=pl.col("path").str.extract(r"/(client|server)/"))
@@ -191,9 +189,7 @@ def main() -> int:
     if args.overhead_repeats:
         oh = telemetry_overhead(args.model, args.prompts, args.out, args.overhead_repeats)
         oh.write_csv(args.out / f"telemetry-overhead-{args.model}.csv")
-        agg = oh.group_by("telemetry").agg(
-            pl.col("throughput_rps").mean(), pl.col("throughput_rps").std().alias("sd")
-        )
+        agg = oh.group_by("telemetry").agg(pl.col("throughput_rps").mean(), pl.col("throughput_rps").std().alias("sd"))
         print("telemetry overhead:\n", oh, "\n", agg)
     if args.fidelity_batches:
         fid = client_fidelity(args.model, args.prompts, args.out, args.fidelity_batches)

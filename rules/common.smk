@@ -1,4 +1,4 @@
-# Helpers shared by the rule files: config checks, run naming, target lists.
+# Helpers shared by all stages (config checks, run naming, target lists).
 
 import math
 from pathlib import Path
@@ -13,17 +13,11 @@ PROFILE = config["profile"]
 LOGS = f"logs/{PROFILE}"
 WL = config["workload"]
 SWEEP = config["experiments"]["sweep"]
-RUN = "{outdir}/runs/{model}/tp{tp}-out{out}-rate{rate}"
+RUN = f"{OUT}/runs/{{model}}/tp{{tp}}-out{{out}}-rate{{rate}}"
 # The same with its wildcards escaped, for expand() over batch sizes in output: lists.
 RUN_PATTERN = RUN.replace("{", "{{").replace("}", "}}")
-
-wildcard_constraints:
-    model="|".join(k.replace(".", r"\.") for k in config["models"]),
-    tp=r"\d+",
-    out=r"\d+",
-    rate=r"inf|\d+(\.\d+)?",
-    bs=r"\d+",
-
+# Wildcard values: a model key of the config (dots escaped), GPU count, output length, rate, batch.
+MODEL_RE = "|".join(k.replace(".", r"\.") for k in config["models"])
 
 def prompts_file():
     return f"{OUT}/data/prompts-in{WL['input_len']}-n{WL['num_requests']}.parquet"
@@ -32,7 +26,7 @@ def prompts_file():
 def run_dir(model, tp, out=None, rate=None):
     out = WL["output_len"] if out is None else out
     rate = parse_rate(WL["arrival_rate"] if rate is None else rate)
-    return RUN.format(outdir=OUT, model=model, tp=tp, out=out, rate=rate_label(rate))
+    return RUN.format(model=model, tp=tp, out=out, rate=rate_label(rate))
 
 
 def run_files(model, tp, batch_sizes, out=None, rate=None):

@@ -3,12 +3,12 @@
 
 rule prepare_dataset:
     output:
-        "{outdir}/data/prompts-in{input_len}-n{num_requests}.parquet",
+        f"{OUT}/data/prompts-in{{input_len}}-n{{num_requests}}.parquet",
     params:
         dataset=config["dataset"],
         workload=lambda w: {"input_len": int(w.input_len), "num_requests": int(w.num_requests)},
     log:
-        "logs/{outdir}/prepare_dataset-in{input_len}-n{num_requests}.log",
+        f"{LOGS}/prepare_dataset-in{{input_len}}-n{{num_requests}}.log",
     conda:
         "../envs/data.yaml"
     script:

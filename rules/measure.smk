@@ -1,6 +1,6 @@
 # Stage 2: measured runs. One job = one model on `tp` GPUs with one workload and every batch size of
 # the sweep; it takes its GPUs by lock (slmserve.gpuslots) and starts and stops its own vLLM server(s).
-# Naming: {outdir}/runs/{model}/tp{tp}-out{output_len}-rate{req/s|inf}/bs{batch}.{requests,telemetry}.parquet
+# Naming: <outdir>/runs/{model}/tp{tp}-out{output_len}-rate{req/s|inf}/bs{batch}.{requests,telemetry}.parquet
 
 
 rule sweep:
@@ -14,7 +14,7 @@ rule sweep:
     resources:
         gpu=lambda w: int(w.tp),
     log:
-        "logs/{outdir}/runs/{model}/tp{tp}-out{out}-rate{rate}.log",
+        f"{LOGS}/runs/{{model}}/tp{{tp}}-out{{out}}-rate{{rate}}.log",
     conda:
         "../envs/engine.yaml"
     script:

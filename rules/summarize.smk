@@ -6,9 +6,9 @@ rule summarize_sweep:
     input:
         runs=sweep_runs(),
     output:
-        "{outdir}/summary/sweep.parquet",
+        f"{OUT}/summary/sweep.parquet",
     log:
-        "logs/{outdir}/summary/sweep.log",
+        f"{LOGS}/summary/sweep.log",
     conda:
         "../envs/figures.yaml"
     script:

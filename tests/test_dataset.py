@@ -82,9 +82,7 @@ def test_whole_file_reads_all_records_without_warning(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7, 64, 1 << 16])
-def test_truncated_file_yields_whole_records_and_warns_with_count_and_offsets(
-    tmp_path: Path, chunk_size: int
-) -> None:
+def test_truncated_file_yields_whole_records_and_warns_with_count_and_offsets(tmp_path: Path, chunk_size: int) -> None:
     data, ends = _encode([_rec(i, f"日本語 prompt {i} " * 5) for i in range(4)])
     cut = ends[2] + 40  # inside record 3, in the middle of the multi-byte text
     path = tmp_path / "cut.json"

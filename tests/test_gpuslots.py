@@ -76,9 +76,7 @@ HOLDER = textwrap.dedent(
 )
 
 
-def run_contenders(
-    tmp_path: Path, pool: str, n: int, k: int, hold: float
-) -> list[tuple[int, set[str], float, float]]:
+def run_contenders(tmp_path: Path, pool: str, n: int, k: int, hold: float) -> list[tuple[int, set[str], float, float]]:
     out = tmp_path / "intervals.txt"
     barrier = tmp_path / "barrier"
     barrier.mkdir()

@@ -432,8 +432,6 @@ def test_single_token_and_flags(standin: type[StandInCompletionsServer]) -> None
 
 def test_spec_validation() -> None:
     with pytest.raises(ValueError, match="request ids"):
-        run_load(
-            LoadSpec(base_url="http://127.0.0.1:1", model=MODEL, prompts=[[1]], request_ids=[], output_len=1)
-        )
+        run_load(LoadSpec(base_url="http://127.0.0.1:1", model=MODEL, prompts=[[1]], request_ids=[], output_len=1))
     with pytest.raises(ValueError, match="concurrency"):
         run_load(_spec("http://127.0.0.1:1", 1, concurrency=0))

@@ -424,9 +424,7 @@ def test_summarize_exact_values() -> None:
         rows.append(_gpu_row(t, 0, cpu_util_pct=cpu, **g0))
         rows.append(_gpu_row(t, 1, cpu_util_pct=cpu, **g1))
     for t in (0.0, 4.0):
-        wild = dict(
-            sm_active_pct=100, power_w=999, energy_mj=1e9 * (t + 1), mem_used_mb=1e6, cpu_util_pct=100
-        )
+        wild = dict(sm_active_pct=100, power_w=999, energy_mj=1e9 * (t + 1), mem_used_mb=1e6, cpu_util_pct=100)
         rows.append(_gpu_row(t, 0, **wild))
         rows.append(_gpu_row(t, 1, **wild))
     s = summarize(_frame(rows), 1.0, 3.0)
@@ -457,9 +455,7 @@ def test_summarize_exact_values() -> None:
 
 
 def test_summarize_single_gpu_energy_and_missing_counter() -> None:
-    rows = [
-        _gpu_row(float(t), 0, energy_mj=e, power_w=100.0) for t, e in ((1, 1000.0), (2, 2000.0), (3, 3000.0))
-    ]
+    rows = [_gpu_row(float(t), 0, energy_mj=e, power_w=100.0) for t, e in ((1, 1000.0), (2, 2000.0), (3, 3000.0))]
     assert summarize(_frame(rows), 1.0, 3.0)["energy_j"] == pytest.approx(2.0)
     assert summarize(_frame(rows), 1.5, 3.0)["energy_j"] == pytest.approx(1.0)
     no_counter = [_gpu_row(float(t), 0, power_w=100.0, gpm_ok=False) for t in (1, 2)]

@@ -17,7 +17,6 @@ import polars as pl
 
 from slmserve import io, provenance, telemetry
 
-
 # A run whose load generator used more than this share of one core may have been client-bound.
 CLIENT_CPU_LIMIT = 0.9
 

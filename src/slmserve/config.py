@@ -63,7 +63,10 @@ def check(config: Mapping[str, Any], root: Path | None = None) -> None:
             )
     wl, eng = config.get("workload", {}), config.get("engine", {})
     need = wl.get("input_len", 512) + max(
-        [wl.get("output_len", 256), *config.get("experiments", {}).get("output_lengths", {}).get("output_lens", [])]
+        [
+            wl.get("output_len", 256),
+            *config.get("experiments", {}).get("output_lengths", {}).get("output_lens", []),
+        ]
     )
     if eng.get("max_model_len", 1024) < need:
         raise ConfigError(

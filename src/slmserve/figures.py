@@ -40,17 +40,14 @@ def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None) ->
     """What was measured where: GPU, engine and version, request counts, differences from the paper."""
     ok = ok_runs(summary)
     gpus = ", ".join(sorted(set(summary["gpu_model"].drop_nulls().to_list()))) or "unknown"
-    engines = ", ".join(
-        sorted({f"{e} {v}" for e, v in zip(summary["engine"], summary["engine_version"], strict=True)})
-    )
+    engines = ", ".join(sorted({f"{e} {v}" for e, v in zip(summary["engine"], summary["engine_version"], strict=True)}))
     counts = sorted(set(ok["n_ok"].to_list())) if "n_ok" in ok.columns else []
     infeasible = summary.filter(pl.col("status") == "infeasible")
     lines = [
         f"**{what}**",
         "",
         f"- Hardware: {gpus}",
-        f"- Engine: {engines}; dummy weights of the real shapes (`--load-format dummy`), "
-        "`ignore_eos`, temperature 0",
+        f"- Engine: {engines}; dummy weights of the real shapes (`--load-format dummy`), `ignore_eos`, temperature 0",
         f"- Requests per point: {', '.join(map(str, counts)) or 'none'}; "
         f"prompt/output tokens: {sorted(set(summary['input_len'].to_list()))}/"
         f"{sorted(set(summary['output_len'].to_list()))}",
@@ -73,7 +70,9 @@ def throughput_latency(summary: pl.DataFrame) -> tuple[alt.Chart, str]:
         y=alt.Y("throughput_rps:Q", title="Throughput (requests/s)"),
         color=alt.Color("model:N", title="Model"),
     )
-    lines = base.mark_line(point=False).encode(detail="series:N", strokeDash=alt.StrokeDash("gpus:N", title="GPUs"))
+    lines = base.mark_line().encode(
+        detail="series:N", order="batch_size:Q", strokeDash=alt.StrokeDash("gpus:N", legend=None)
+    )
     points = base.mark_point(filled=True, size=50).encode(
         shape=alt.Shape("gpus:N", title="GPUs"),
         tooltip=["model", "tp", "batch_size", "throughput_rps", "latency_mean_s"],
@@ -99,7 +98,12 @@ def save(chart: alt.TopLevelMixin, caption_md: str, stem: str | os.PathLike[str]
     svg = vlc.vegalite_to_svg(spec)
     html = vlc.vegalite_to_html(spec, bundle=True)
     out = []
-    for ext, data in ((".png", png), (".svg", svg.encode()), (".html", html.encode()), (".caption.md", caption_md.encode())):
+    for ext, data in (
+        (".png", png),
+        (".svg", svg.encode()),
+        (".html", html.encode()),
+        (".caption.md", caption_md.encode()),
+    ):
         path = stem.with_name(stem.name + ext)
         io.atomic_write_bytes(path, data)
         out.append(path)

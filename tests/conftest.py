@@ -1,0 +1,35 @@
+"""Shared test fixtures: the repository root, the venv's snakemake, and a check for a real engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
+def have_engine() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+requires_engine = pytest.mark.skipif(
+    not have_engine(), reason="no vLLM engine importable: run `make test`, which installs it"
+)
+
+
+def snakemake(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the venv's snakemake on this workflow; returns the completed process (output captured)."""
+    exe = SNAKEMAKE if Path(SNAKEMAKE).exists() else shutil.which("snakemake")
+    assert exe, "snakemake not found"
+    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT

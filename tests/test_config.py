@@ -1,0 +1,179 @@
+"""Configuration: the schema (through Snakemake's validate), the checks beyond it, and the DAG."""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from slmserve.config import ConfigError, check, parse_rate, rate_label
+from tests.conftest import ROOT, snakemake
+
+SCHEMA = str(ROOT / "config/schemas/config.schema.yaml")
+
+
+@pytest.fixture
+def cfg() -> dict:
+    return yaml.safe_load((ROOT / "config/config.yaml").read_text())
+
+
+def test_paper_config_validates_and_fills_defaults(cfg: dict) -> None:
+    del cfg["telemetry"]
+    validate(cfg, SCHEMA)
+    check(cfg, ROOT)
+    assert cfg["telemetry"] == {"interval_ms": 100, "enabled": True}
+    assert cfg["workload"] == {
+        "num_requests": 500, "input_len": 512, "output_len": 256, "arrival_rate": "inf", "warmup_requests": 8,
+    }  # fmt: skip
+    assert cfg["experiments"]["sweep"]["batch_sizes"] == [2**i for i in range(10)]
+    assert cfg["experiments"]["replication"]["replicas"] == [1, 2, 3]
+
+
+def test_every_schema_key_has_description_and_default() -> None:
+    schema = yaml.safe_load(Path(SCHEMA).read_text())
+    missing = []
+
+    def walk(node: dict, path: str) -> None:
+        for key, sub in node.get("properties", {}).items():
+            if "description" not in sub:
+                missing.append(f"{path}{key}: description")
+            if "default" not in sub and key not in node.get("required", []):
+                missing.append(f"{path}{key}: default")
+            walk(sub, f"{path}{key}.")
+
+    walk(schema, "")
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "pattern"),
+    [
+        (
+            lambda c: c["experiments"]["sweep"]["batch_sizes"].__setitem__(2, -4),
+            r"-4 is less than the minimum of 1",
+        ),
+        (
+            lambda c: c["experiments"]["sweep"]["batch_sizes"].__setitem__(0, 1.5),
+            r"1\.5 is not of type 'integer'",
+        ),
+        (
+            lambda c: c["experiments"]["sweep"]["batch_sizes"].__setitem__(0, "8"),
+            r"'8' is not of type 'integer'",
+        ),
+        (
+            lambda c: c["engine"].__setitem__("batch_control", "both"),
+            r"'both' is not one of \['client', 'server'\]",
+        ),
+        (lambda c: c["workload"].__setitem__("input_len", 0), r"0 is less than the minimum of 1"),
+        (lambda c: c.__setitem__("bogus", 1), r"Additional properties are not allowed \('bogus'"),
+    ],
+)
+def test_schema_violations_name_key_and_allowed(cfg: dict, mutate, pattern: str) -> None:
+    mutate(cfg)
+    with pytest.raises(Exception, match=pattern) as info:
+        validate(cfg, SCHEMA)
+    assert "On instance" in str(info.value)  # names where in the config
+
+
+def test_unknown_model_names_key_and_allowed_values(cfg: dict) -> None:
+    cfg["experiments"]["sweep"]["models"].append("opt175b")
+    validate(cfg, SCHEMA)
+    with pytest.raises(ConfigError, match=r"experiments\.sweep\.models\[5\]: unknown model 'opt175b'") as info:
+        check(cfg, ROOT)
+    assert "opt125m" in str(info.value) and "gptj6b" in str(info.value)
+
+
+def test_missing_model_config_folder(cfg: dict, tmp_path: Path) -> None:
+    cfg["models"]["opt125m"]["config"] = "nowhere/opt"
+    with pytest.raises(ConfigError, match=r"models\.opt125m\.config: .*nowhere/opt/config\.json does not exist"):
+        check(cfg, ROOT)
+    cfg["models"]["opt125m"]["weights"] = "facebook/opt-125m"
+    check(cfg, ROOT)  # real weights named: no config folder needed
+
+
+def test_context_window_must_hold_workload(cfg: dict) -> None:
+    cfg["engine"]["max_model_len"] = 700
+    with pytest.raises(ConfigError, match=r"engine\.max_model_len: 700 cannot hold .* 768 tokens"):
+        check(cfg, ROOT)
+
+
+def test_rates() -> None:
+    assert math.isinf(parse_rate("inf")) and parse_rate(10) == 10.0
+    assert rate_label(math.inf) == "inf" and rate_label(100.0) == "100" and rate_label(2.5) == "2.5"
+    for bad in ("fast", 0, -3):
+        with pytest.raises(ConfigError, match="allowed values are a positive number or 'inf'"):
+            parse_rate(bad)
+
+
+def test_model_configs_are_servable_shapes() -> None:
+    """Configs written from published hyperparameters: fp16 weight sizes as in the paper's Table 1."""
+    import json
+
+    def opt_params(c: dict) -> float:
+        h, f, n, v, p = (
+            c["hidden_size"],
+            c["ffn_dim"],
+            c["num_hidden_layers"],
+            c["vocab_size"],
+            c["max_position_embeddings"],
+        )
+        per_layer = 4 * h * h + 4 * h + 2 * h * f + h + f + 4 * h
+        return n * per_layer + v * c["word_embed_proj_dim"] + (p + 2) * h
+
+    sizes = {}
+    for name in ("opt-125m", "opt-1.3b", "opt-2.7b", "opt-6.7b", "opt-13b"):
+        c = json.loads((ROOT / "config/models" / name / "config.json").read_text())
+        assert c["model_type"] == "opt" and c["architectures"] == ["OPTForCausalLM"]
+        sizes[name] = 2 * opt_params(c) / 1e9  # fp16 GB
+    # Paper, Table 1: 250 MB, 2.6 GB, 5.4 GB, 13.4 GB, 26 GB
+    assert sizes["opt-125m"] == pytest.approx(0.25, rel=0.05)
+    assert sizes["opt-1.3b"] == pytest.approx(2.6, rel=0.03)
+    assert sizes["opt-2.7b"] == pytest.approx(5.4, rel=0.03)
+    assert sizes["opt-6.7b"] == pytest.approx(13.4, rel=0.03)
+    assert sizes["opt-13b"] == pytest.approx(26.0, rel=0.03)
+
+
+def _job_counts(stdout: str) -> dict[str, int]:
+    table = stdout.split("Job stats:")[1].split("Reasons:")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+@pytest.mark.parametrize("resources", [[], ["--resources", "gpu=4"]])
+def test_dry_run_paper_dag(resources: list[str]) -> None:
+    out = snakemake("all", "-n", "--cores", "4", *resources)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    # 5 models x 3 GPU counts, one sweep job each (all batch sizes inside)
+    assert counts["sweep"] == 15
+    assert counts["prepare_dataset"] == 1 and counts["summarize_sweep"] == 1 and counts["all"] == 1
+
+
+def test_dry_run_smoke_dag() -> None:
+    out = snakemake("all", "-n", "--cores", "2", "--configfile", "config/smoke.yaml", "--config", "outdir=/tmp/x-never")
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    assert counts == {"prepare_dataset": 1, "sweep": 1, "summarize_sweep": 1, "figure_throughput_latency": 1,
+                      "all": 1, "total": 5}  # fmt: skip
+
+
+def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:
+    bad = copy.deepcopy(yaml.safe_load((ROOT / "config/smoke.yaml").read_text()))
+    bad["experiments"]["sweep"]["batch_sizes"] = [1, 0]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    out = snakemake("all", "-n", "--cores", "1", "--configfile", str(tmp_path / "bad.yaml"))
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert "0 is less than the minimum of 1" in text and "batch_sizes" in text
+    assert "Job stats" not in text
+
+    bad["experiments"]["sweep"]["batch_sizes"] = [1]
+    bad["experiments"]["sweep"]["models"] = ["opt-125m"]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    out = snakemake("all", "-n", "--cores", "1", "--configfile", str(tmp_path / "bad.yaml"))
+    assert out.returncode != 0
+    assert "unknown model 'opt-125m'" in out.stdout + out.stderr

