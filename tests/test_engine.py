@@ -77,6 +77,12 @@ def test_smoke_dag_end_to_end(tmp_path: Path) -> None:
         assert meta["status"] == "ok" and meta["server"]["kv_cache_tokens"] > 0
         batch = int(path.name[2:].split(".")[0])
         assert meta["load"]["peak_inflight"] == batch
+        # the server's own counters agree with the client (warm-up: one round of the batch, at least 2)
+        served = 16 + max(2, batch)
+        counters = meta["server_counters"]
+        assert counters["vllm:generation_tokens_total"] == served * 16
+        assert counters["vllm:prompt_tokens_total"] == served * 128
+        assert counters["vllm:num_preemptions_total"] == 0
         tel = pl.read_parquet(str(path).replace(".requests.", ".telemetry."))
         assert tel.height > 0 and tel["cpu_util_pct"].drop_nulls().len() > 0
         assert not tel["nvml_ok"].any()  # CPU machine: flagged, not crashed

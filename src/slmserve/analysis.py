@@ -98,6 +98,7 @@ def summarize_run(requests_path: str | os.PathLike[str], models: Mapping[str, An
         peak_inflight=load.get("peak_inflight"),
         lag_p99_s=load.get("lag_p99_s"),
         client_cpu_frac=load.get("client_cpu_frac"),
+        preemptions=(meta.get("server_counters") or {}).get("vllm:num_preemptions_total"),
         client_ok=bool(
             load.get("lag_ok", True)
             and load.get("inflight_ok", True)

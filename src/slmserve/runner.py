@@ -105,6 +105,9 @@ def memory_settings(job: SweepJob, alloc: Allocation) -> dict[str, Any]:
     return {"gpu_memory_utilization": util}
 
 
+COUNTERS = ("vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
 def requests_for(job: SweepJob, batch: int) -> int:
     """Requests measured at ``batch``: the workload's count, or fewer for small batches when
     ``rounds_per_batch`` is set (each batch slot still serves that many requests)."""
@@ -206,6 +209,7 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
         # starting a request costs ~0.1-0.2 ms of client CPU, so allow ~0.5 ms per request sent at t0.
         lag_threshold_s=0.010 if math.isfinite(job.arrival_rate) else max(0.010, 0.0005 * min(n, batch)),
     )
+    before = srv.counters()
     sampler = telemetry.Sampler(alloc.nvml_indices, job.telemetry_interval_s)
     if job.telemetry_enabled:
         sampler.start()
@@ -229,9 +233,13 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
             srv.spec.log_path,
             log_tail(srv.spec.log_path),
         )
+    after = srv.counters()
     req_path, tel_path = job.outputs[batch]
     meta = {
         **_base_meta(job, batch, alloc),
+        # Server-side counters over warm-up and measured run: preemptions mean the batch did not stay
+        # resident in the KV cache; token counts cross-check the client's.
+        "server_counters": {k: after[k] - before.get(k, 0.0) for k in sorted(after) if k in COUNTERS},
         "status": "ok",
         "reason": None,
         "server": srv.info(),

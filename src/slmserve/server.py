@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import json
 import os
 import re
 import signal
@@ -23,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -286,6 +285,18 @@ class VllmServer:
                         return
         self.kv_cache_tokens = kv_cache_tokens_from_log(self.spec.log_path.read_text(errors="replace"))
 
+    def counters(self) -> dict[str, float]:
+        """vLLM's Prometheus counters (``vllm:*_total``), each summed over its label sets; empty if
+        /metrics cannot be read."""
+        totals: dict[str, float] = {}
+        with contextlib.suppress(OSError, ValueError):
+            _, body = _get(f"{self.base_url}/metrics", timeout=5.0)
+            for line in body.decode().splitlines():
+                if line.startswith("vllm:") and "_total" in line:
+                    name = line.split("{", 1)[0].split(" ", 1)[0]
+                    totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return totals
+
     def stop(self) -> None:
         """Stop the server's whole process group (SIGTERM, then SIGKILL) and wait for it."""
         proc, self.proc = self.proc, None
@@ -331,16 +342,3 @@ def _kill_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
             if proc.poll() is not None and not _group_alive(pgid):
                 return
     proc.wait()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(poll_s)
-    return predicate()
-
-
-def dump_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, default=str)
