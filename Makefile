@@ -8,14 +8,17 @@ PY    := $(VENV)/bin/python
 SMK   := $(VENV)/bin/snakemake
 CORES ?= 2
 
-.PHONY: setup demo test lint dryrun clean-smoke
+# Re-plot: REPLOT_ARGS="--configfile config/smoke.yaml" to re-plot the smoke results instead.
+REPLOT_ARGS ?=
+
+.PHONY: setup demo test lint dryrun replot report clean-smoke
 
 setup:
 	@envs/setup.sh
 
 demo: setup
-	$(SMK) all --configfile config/smoke.yaml --cores $(CORES) --resources gpu=1
-	@echo "demo: figures in smoke/paper_figures/, results in smoke/results/"
+	$(SMK) demo --configfile config/smoke.yaml --cores $(CORES) --resources gpu=1
+	@echo "demo: Figure 1 in smoke/paper_figures/, results in smoke/results/"
 
 test: setup
 	$(VENV)/bin/ruff check .
@@ -28,6 +31,13 @@ lint: setup
 
 dryrun: setup
 	$(SMK) all -n --cores 4 --resources gpu=4
+
+replot: setup
+	$(SMK) all --cores $(CORES) --config replot=True $(REPLOT_ARGS)
+	$(SMK) all --cores $(CORES) --config replot=True $(REPLOT_ARGS) --report report.html
+	@echo "replot: figures and tables rebuilt from the results, report in report.html; no measurement ran"
+
+report: replot
 
 clean-smoke:
 	rm -rf smoke logs/smoke

@@ -1,8 +1,10 @@
 # slmserve: reproduce "Towards Pareto Optimal Throughput in Small Language Model Serving" (EuroMLSys '24)
 # on vLLM. Read top to bottom: configuration, then one rule file per stage of the DAG.
 #
-#   snakemake --cores 4 --resources gpu=4 all                      # the paper, on up to 4 GPUs
-#   snakemake --configfile config/smoke.yaml --cores 2 all         # the CPU smoke run (make demo)
+#   snakemake all --cores 4 --resources gpu=4                     # the paper, on up to 4 GPUs
+#   snakemake all --configfile config/smoke.yaml --cores 2        # every stage on the CPU engine
+#   make replot                                                   # figures from results/, no GPU job
+
 
 from snakemake.utils import min_version, validate
 
@@ -15,6 +17,9 @@ configfile: "config/config.yaml"
 validate(config, "config/schemas/config.schema.yaml")
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 
 
@@ -24,15 +29,35 @@ wildcard_constraints:
     out=r"\d+",
     rate=r"inf|\d+(\.\d+)?",
     bs=r"\d+",
+    n=r"\d+",
+    budget=r"whole|\d+(\.\d+)?gb",
+    experiment=r"sweep|families|output_lengths|replication",
 
 
 include: "rules/dataset.smk"
-include: "rules/measure.smk"
+
+
+if not config["replot"]:  # re-plotting leaves every measuring rule out: results are inputs then
+
+    include: "rules/capacity.smk"
+    include: "rules/measure.smk"
+
+
 include: "rules/summarize.smk"
+include: "rules/tables.smk"
 include: "rules/figures.smk"
+
+
+onstart:
+    check_engine_or_results()
 
 
 rule all:
     input:
         all_targets(),
     default_target: True
+
+
+rule demo:
+    input:
+        demo_targets(),

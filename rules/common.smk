@@ -1,9 +1,9 @@
 # Helpers shared by all stages (config checks, run naming, target lists).
 
-import math
 from pathlib import Path
 
 from slmserve.config import check, parse_rate, rate_label
+from slmserve.figures import FIGURE_INPUTS
 
 check(config, Path(workflow.basedir))
 
@@ -12,15 +12,19 @@ FIG = config["figdir"]
 PROFILE = config["profile"]
 LOGS = f"logs/{PROFILE}"
 WL = config["workload"]
-SWEEP = config["experiments"]["sweep"]
+EXP = config["experiments"]
+SWEEP = EXP["sweep"]
 RUN = f"{OUT}/runs/{{model}}/tp{{tp}}-out{{out}}-rate{{rate}}"
 # The same with its wildcards escaped, for expand() over batch sizes in output: lists.
 RUN_PATTERN = RUN.replace("{", "{{").replace("}", "}}")
 # Wildcard values: a model key of the config (dots escaped), GPU count, output length, rate, batch.
 MODEL_RE = "|".join(k.replace(".", r"\.") for k in config["models"])
-
-def prompts_file():
-    return f"{OUT}/data/prompts-in{WL['input_len']}-n{WL['num_requests']}.parquet"
+BUDGET = EXP["table1"]["budget_gb"]
+PROMPTS = f"{OUT}/data/prompts-in{WL['input_len']}-n{WL['num_requests']}.parquet"
+OUTLEN = EXP["output_lengths"]
+POINTS = f"{OUT}/points/{{model}}/tp1-out{{out}}-rate{{rate}}"
+# Which summary each figure is drawn from, in the paper's order (Figure 1 ... 8, then beyond the paper).
+FIGURE_SOURCES = FIGURE_INPUTS
 
 
 def run_dir(model, tp, out=None, rate=None):
@@ -34,41 +38,121 @@ def run_files(model, tp, batch_sizes, out=None, rate=None):
     return [f"{run_dir(model, tp, out, rate)}/bs{bs}.requests.parquet" for bs in batch_sizes]
 
 
-def sweep_runs():
+def point_stems(model):
+    """Each (output length, arrival rate) point of one model (Figure 2 right), without suffix."""
     return [
-        f
-        for model in SWEEP["models"]
-        for tp in SWEEP["tensor_parallel"]
-        for f in run_files(model, tp, SWEEP["batch_sizes"])
+        POINTS.format(model=model, out=out, rate=rate_label(parse_rate(rate)))
+        for out in OUTLEN["output_lens"]
+        for rate in OUTLEN["arrival_rates"]
     ]
 
 
-def sweep_job(wildcards):
-    """Arguments of slmserve.runner.SweepJob for one sweep job."""
-    entry = config["models"][wildcards.model]
+def point_files(model):
+    return [f"{stem}.requests.parquet" for stem in point_stems(model)]
+
+
+def experiment_runs(experiment):
+    """The run files a summary is made of."""
+    if experiment == "sweep":
+        return [f for m in SWEEP["models"] for tp in SWEEP["tensor_parallel"] for f in run_files(m, tp, SWEEP["batch_sizes"])]
+    if experiment == "families":
+        return [f for m in EXP["families"]["models"] for f in run_files(m, 1, SWEEP["batch_sizes"])]
+    if experiment == "output_lengths":
+        return point_files(OUTLEN["model"])
+    if experiment == "replication":
+        rep = EXP["replication"]
+        return [f"{OUT}/replication/{m}_r{n}.parquet" for m in rep["models"] for n in rep["replicas"]]
+    raise ValueError(f"unknown experiment {experiment!r}")
+
+
+def experiments():
+    """Experiments with at least one run in this configuration."""
+    return [e for e in ("sweep", "families", "output_lengths", "replication") if experiment_runs(e)]
+
+
+def figures():
+    return [name for name, source in FIGURE_SOURCES.items() if source in experiments()]
+
+
+def capacity_files(budget):
+    return [f"{OUT}/capacity/{m}-{budget}.json" for m in EXP["table1"]["models"]]
+
+
+def job_params(model, tp=1, out=None, rate=None, batch_sizes=()):
+    """Arguments of slmserve.runner.SweepJob."""
+    entry = config["models"][model]
     eng, tel = config["engine"], config["telemetry"]
     return {
-        "model": wildcards.model,
+        "model": model,
         "model_path": entry.get("weights") or entry["config"],
         "load_format": "auto" if entry.get("weights") else "dummy",
-        "tensor_parallel": int(wildcards.tp),
-        "batch_sizes": SWEEP["batch_sizes"],
+        "tensor_parallel": int(tp),
+        "batch_sizes": list(batch_sizes),
         "input_len": WL["input_len"],
-        "output_len": int(wildcards.out),
+        "output_len": int(WL["output_len"] if out is None else out),
         "num_requests": WL["num_requests"],
-        "arrival_rate": parse_rate(wildcards.rate),
+        "rounds_per_batch": WL["rounds_per_batch"],
+        "min_requests": WL["min_requests"],
+        "arrival_rate": parse_rate(WL["arrival_rate"] if rate is None else rate),
         "warmup_requests": WL["warmup_requests"],
         "seed": config["dataset"]["seed"],
         "telemetry_interval_s": tel["interval_ms"] / 1000,
         "telemetry_enabled": tel["enabled"],
         "profile": PROFILE,
         **{k: eng[k] for k in ("batch_control", "memory_share", "memory_budget_gb", "max_model_len",
-                               "dtype", "startup_timeout_s", "cpu_kv_cache_gb", "stream_interval")},
-    }
+                               "dtype", "startup_timeout_s", "cpu_kv_cache_gb", "stream_interval", "fits")},
+    }  # fmt: skip
+
+
+def sweep_job(wildcards):
+    return job_params(wildcards.model, wildcards.tp, wildcards.out, wildcards.rate, SWEEP["batch_sizes"])
+
+
+def figure_files(name):
+    return expand(f"{FIG}/{name}.{{ext}}", ext=["png", "svg", "html", "caption.md"])
 
 
 def all_targets():
-    return [
-        f"{OUT}/summary/sweep.parquet",
-        *expand(f"{FIG}/throughput_latency.{{ext}}", ext=["png", "svg", "html"]),
-    ]
+    targets = [f"{OUT}/summary/{e}.parquet" for e in experiments()]
+    targets += [f for name in figures() for f in figure_files(name)]
+    if EXP["table1"]["models"]:
+        targets += [f"{FIG}/table1.csv", f"{FIG}/table1.md"]
+    return targets
+
+
+def demo_targets():
+    """make demo: the sweep, its summary and Figure 1 (a few minutes on 2 CPU cores)."""
+    return [f"{OUT}/summary/sweep.parquet", *figure_files("throughput_latency")]
+
+
+def missing_measurements():
+    """Measured files the targets need that are not there yet."""
+    files = [f for e in experiments() for f in experiment_runs(e)]
+    files += capacity_files("whole") + (capacity_files(f"{BUDGET:g}gb") if BUDGET else [])
+    return [f for f in files if not Path(f).exists()]
+
+
+def gpus_visible():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount() > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return False
+
+
+def check_engine_or_results():
+    """Stop before any job when the paper's measurements would run without an NVIDIA GPU."""
+    if config["allow_cpu"] or config["replot"] or gpus_visible():
+        return
+    missing = missing_measurements()
+    if missing:
+        raise WorkflowError(
+            f"no NVIDIA GPU visible and {len(missing)} measured results are missing (e.g. {missing[0]}): "
+            "the paper's experiments need GPUs. On this machine run `make demo` (the CPU smoke "
+            "reproduction, config/smoke.yaml), or `make replot` to rebuild figures from results/."
+        )

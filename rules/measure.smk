@@ -1,11 +1,13 @@
-# Stage 2: measured runs. One job = one model on `tp` GPUs with one workload and every batch size of
-# the sweep; it takes its GPUs by lock (slmserve.gpuslots) and starts and stops its own vLLM server(s).
+# Measured runs. Every job takes its GPUs by lock (slmserve.gpuslots) and starts and stops its own
+# vLLM server(s). Inputs it only reads at start (prompts, capacity) are ancient(): a checkout's file
+# times never make finished measurements look stale.
 # Naming: <outdir>/runs/{model}/tp{tp}-out{output_len}-rate{req/s|inf}/bs{batch}.{requests,telemetry}.parquet
 
 
 rule sweep:
+    # One model on `tp` GPUs, every batch size (Figures 1, 3, 4, 8; families of Figure 2 left).
     input:
-        prompts=prompts_file(),
+        prompts=ancient(PROMPTS),
     output:
         requests=expand(f"{RUN_PATTERN}/bs{{bs}}.requests.parquet", bs=SWEEP["batch_sizes"]),
         telemetry=expand(f"{RUN_PATTERN}/bs{{bs}}.telemetry.parquet", bs=SWEEP["batch_sizes"]),
@@ -19,3 +21,45 @@ rule sweep:
         "../envs/engine.yaml"
     script:
         "../workflow/scripts/run_sweep.py"
+
+
+rule output_lengths:
+    # Figure 2 right: one model at its one-GPU maximum batch, every output length x arrival rate, on one
+    # server (same server configuration for all points).
+    input:
+        prompts=ancient(PROMPTS),
+        capacity=ancient(f"{OUT}/capacity/{{model}}-whole.json"),
+    output:
+        requests=[f"{stem}.requests.parquet" for stem in point_stems("{model}")],
+        telemetry=[f"{stem}.telemetry.parquet" for stem in point_stems("{model}")],
+    params:
+        job=lambda w: job_params(w.model),
+        points=[(o, parse_rate(r)) for o in OUTLEN["output_lens"] for r in OUTLEN["arrival_rates"]],
+    resources:
+        gpu=1,
+    log:
+        f"{LOGS}/points/{{model}}.log",
+    conda:
+        "../envs/engine.yaml"
+    script:
+        "../workflow/scripts/run_points.py"
+
+
+rule replication:
+    # Figures 5-7: n replicas on one GPU, memory and requests split evenly, batch = one-GPU max / n.
+    input:
+        prompts=ancient(PROMPTS),
+        capacity=ancient(f"{OUT}/capacity/{{model}}-whole.json"),
+    output:
+        requests=f"{OUT}/replication/{{model}}_r{{n}}.parquet",
+        telemetry=f"{OUT}/replication/{{model}}_r{{n}}.telemetry.parquet",
+    params:
+        job=lambda w: job_params(w.model),
+    resources:
+        gpu=1,
+    log:
+        f"{LOGS}/replication/{{model}}_r{{n}}.log",
+    conda:
+        "../envs/engine.yaml"
+    script:
+        "../workflow/scripts/run_replication.py"

@@ -1,14 +1,17 @@
-# Stage 3: telemetry merge. Each run's telemetry is cut to its measurement window (first send to last
-# end) and joined to its request metrics: one row per run in a summary parquet per experiment.
+# Telemetry merge. Each run's telemetry is cut to its measurement window (first send to last end) and
+# joined to its request metrics: one row per run in a summary parquet per experiment (sweep, families,
+# output_lengths, replication).
 
 
-rule summarize_sweep:
+rule summarize:
     input:
-        runs=sweep_runs(),
+        runs=lambda w: experiment_runs(w.experiment),
     output:
-        f"{OUT}/summary/sweep.parquet",
+        f"{OUT}/summary/{{experiment}}.parquet",
+    params:
+        models=config["models"],
     log:
-        f"{LOGS}/summary/sweep.log",
+        f"{LOGS}/summary/{{experiment}}.log",
     conda:
         "../envs/figures.yaml"
     script:

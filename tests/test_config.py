@@ -29,6 +29,7 @@ def test_paper_config_validates_and_fills_defaults(cfg: dict) -> None:
     assert cfg["telemetry"] == {"interval_ms": 100, "enabled": True}
     assert cfg["workload"] == {
         "num_requests": 500, "input_len": 512, "output_len": 256, "arrival_rate": "inf", "warmup_requests": 8,
+        "rounds_per_batch": None, "min_requests": 64,
     }  # fmt: skip
     assert cfg["experiments"]["sweep"]["batch_sizes"] == [2**i for i in range(10)]
     assert cfg["experiments"]["replication"]["replicas"] == [1, 2, 3]
@@ -148,17 +149,47 @@ def test_dry_run_paper_dag(resources: list[str]) -> None:
     out = snakemake("all", "-n", "--cores", "4", *resources)
     assert out.returncode == 0, out.stderr[-2000:]
     counts = _job_counts(out.stdout)
-    # 5 models x 3 GPU counts, one sweep job each (all batch sizes inside)
-    assert counts["sweep"] == 15
-    assert counts["prepare_dataset"] == 1 and counts["summarize_sweep"] == 1 and counts["all"] == 1
+    # 5 models x 3 GPU counts + 3 other families on one GPU, one sweep job each (all batch sizes inside)
+    assert counts["sweep"] == 18
+    assert counts["kv_probe"] == 10  # Table 1: 5 models x (36 GB, whole GPU)
+    assert counts["replication"] == 9  # 3 models x 1-3 replicas
+    assert counts["output_lengths"] == 1  # OPT-6.7B: 4 output lengths x 3 rates on one server
+    assert counts["summarize"] == 4 and counts["table1"] == 1 and counts["all"] == 1
+    assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 12
+    assert counts["total"] == 57
 
 
-def test_dry_run_smoke_dag() -> None:
-    out = snakemake("all", "-n", "--cores", "2", "--configfile", "config/smoke.yaml", "--config", "outdir=/tmp/x-never")
+def test_dry_run_smoke_dag(tmp_path: Path) -> None:
+    out = snakemake("all", "-n", "--cores", "2", "--configfile", "config/smoke.yaml", "--config", f"outdir={tmp_path}")
     assert out.returncode == 0, out.stderr[-2000:]
     counts = _job_counts(out.stdout)
-    assert counts == {"prepare_dataset": 1, "sweep": 1, "summarize_sweep": 1, "figure_throughput_latency": 1,
-                      "all": 1, "total": 5}  # fmt: skip
+    figs = {k: v for k, v in counts.items() if k.startswith("figure_")}
+    assert len(figs) == 12 and set(figs.values()) == {1}
+    rest = {k: v for k, v in counts.items() if not k.startswith("figure_")}
+    assert rest == {"prepare_dataset": 1, "kv_probe": 1, "sweep": 1, "output_lengths": 1, "replication": 2,
+                    "summarize": 4, "table1": 1, "all": 1, "total": 24}  # fmt: skip
+
+
+@pytest.mark.parametrize("resources", [[], ["--resources", "gpu=4"]])
+def test_dry_run_named_targets(resources: list[str]) -> None:
+    """Each named target builds exactly what it needs."""
+    cases = {
+        "results/replication/opt125m_r3.parquet": {"prepare_dataset": 1, "kv_probe": 1, "replication": 1},
+        "paper_figures/table1.md": {"kv_probe": 10, "table1": 1},
+        "paper_figures/throughput_latency.png": {"prepare_dataset": 1, "sweep": 15, "summarize": 1,
+                                                 "figure_throughput_latency": 1},
+        "paper_figures/output_lengths.png": {"prepare_dataset": 1, "kv_probe": 1, "output_lengths": 1,
+                                             "summarize": 1, "figure_output_lengths": 1},
+        "paper_figures/replication_power.png": {"prepare_dataset": 1, "kv_probe": 3, "replication": 9,
+                                                "summarize": 1, "figure_replication_power": 1},
+        "demo": {"prepare_dataset": 1, "sweep": 15, "summarize": 1, "figure_throughput_latency": 1, "demo": 1},
+    }  # fmt: skip
+    for target, expected in cases.items():
+        out = snakemake(target, "-n", "--cores", "4", *resources)
+        assert out.returncode == 0, out.stderr[-2000:]
+        counts = _job_counts(out.stdout)
+        counts.pop("total")
+        assert counts == expected, target
 
 
 def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:

@@ -76,7 +76,8 @@ def test_smoke_dag_end_to_end(tmp_path: Path) -> None:
         assert len(prov["config_hash"]) == 12 and prov["created"] and prov["git_sha"]
         assert meta["status"] == "ok" and meta["server"]["kv_cache_tokens"] > 0
         batch = int(path.name[2:].split(".")[0])
-        assert meta["load"]["peak_inflight"] == batch
+        assert meta["load"]["peak_inflight"] == 16  # server batch control: all 16 sent at once
+        assert f"--max-num-seqs {batch}" in " ".join(meta["server"]["argv"])
         # the server's own counters agree with the client (warm-up: one round of the batch, at least 2)
         served = 16 + max(2, batch)
         counters = meta["server_counters"]
@@ -132,7 +133,7 @@ def start_job(tmp_path: Path, prompts: Path, **kw: object) -> tuple[subprocess.P
         "model": "opt125m", "model_path": str(ROOT / "config/models/opt-125m"), "load_format": "dummy",
         "tensor_parallel": 1, "batch_sizes": [1], "prompts_path": str(prompts), "input_len": 128,
         "output_len": 64, "num_requests": 16, "warmup_requests": 1, "dtype": "bfloat16", "max_model_len": 256,
-        "cpu_kv_cache_gb": 1, "startup_timeout_s": 600, "out": str(tmp_path / "run"),
+        "cpu_kv_cache_gb": 1, "startup_timeout_s": 600, "out": str(tmp_path / "run"), "batch_control": "client",
     }  # fmt: skip
     spec.update(kw)
     env = {**os.environ, "SLMSERVE_GPU_POOL": "0", "SLMSERVE_LOCK_DIR": str(tmp_path / "locks")}
@@ -185,15 +186,15 @@ def test_server_killed_mid_run_fails_fast_and_rerun_succeeds(tmp_path: Path, pro
     assert not list((tmp_path / "run").glob("*.parquet"))  # nothing that looks done
     assert locks_free(tmp_path)
 
-    # Rerun: succeeds; batch 128 cannot fit a 1 GiB KV cache (128 x 256 tokens > 29,056): infeasible.
-    proc, log, _ = start_job(tmp_path, prompts, batch_sizes=[1, 128], output_len=16)
+    # Rerun: succeeds; batch 512 cannot hold its prompts in a 1 GiB KV cache (512 x 128 > 29,056 tokens).
+    proc, log, _ = start_job(tmp_path, prompts, batch_sizes=[1, 512], output_len=16)
     assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
     ok = io.read_meta(tmp_path / "run/bs1.requests.parquet")
     assert ok["status"] == "ok" and pl.read_parquet(tmp_path / "run/bs1.requests.parquet").height == 16
-    bad = io.read_meta(tmp_path / "run/bs128.requests.parquet")
+    bad = io.read_meta(tmp_path / "run/bs512.requests.parquet")
     assert bad["status"] == "infeasible"
-    assert "batch 128 needs 32768 KV-cache tokens" in bad["reason"]
-    assert pl.read_parquet(tmp_path / "run/bs128.requests.parquet").height == 0
+    assert "batch 512 needs 65536 KV-cache tokens" in bad["reason"]
+    assert pl.read_parquet(tmp_path / "run/bs512.requests.parquet").height == 0
     assert locks_free(tmp_path)
 
 

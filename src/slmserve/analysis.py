@@ -22,9 +22,11 @@ CLIENT_CPU_LIMIT = 0.9
 
 
 def telemetry_path(requests_path: str | os.PathLike[str]) -> Path:
-    """The telemetry parquet that sits beside a requests parquet."""
+    """The telemetry parquet beside a requests parquet: ``x.requests.parquet`` -> ``x.telemetry.parquet``,
+    ``x.parquet`` -> ``x.telemetry.parquet``."""
     p = Path(requests_path)
-    return p.with_name(p.name.replace(".requests.parquet", ".telemetry.parquet"))
+    stem = p.name.removesuffix(".parquet").removesuffix(".requests")
+    return p.with_name(f"{stem}.telemetry.parquet")
 
 
 def _q(s: pl.Series, q: float) -> float | None:

@@ -36,7 +36,7 @@ def rate_label(rate: float) -> str:
 
 def _experiment_models(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     exps = config.get("experiments", {})
-    for exp in ("sweep", "families", "replication"):
+    for exp in ("sweep", "families", "replication", "table1"):
         for i, name in enumerate(exps.get(exp, {}).get("models", [])):
             yield f"experiments.{exp}.models[{i}]", name
     out = exps.get("output_lengths", {})

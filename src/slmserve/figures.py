@@ -1,13 +1,22 @@
 """Figures: altair charts from summary parquets, with one shared theme and caption.
 
 Every figure function takes a summary frame and returns ``(chart, caption)``; :func:`save` writes PNG
-and SVG (vl-convert), a self-contained HTML and the caption as Markdown.
+and SVG (vl-convert), a self-contained HTML and the caption as Markdown. :data:`FIGURES` maps a figure's
+name (the ``figure_<name>`` rule) to its function, :data:`FIGURE_INPUTS` to the summary it reads.
+
+Three chart shapes are shared by the paper's figures: a throughput/latency trade-off (:func:`_tradeoff`,
+Figures 1, 2 and 5), lines against a log2 batch-size axis (:func:`_batch_lines`, Figures 3 and 8), and
+bars per model, grouped by replicas where given (:func:`_bars`, Figures 4, 6 and 7). Plotted data are
+selected column by column, with nulls and non-finite values dropped, so a spec never carries inf/NaN
+(CPU runs have no GPU telemetry: those figures render empty and say so in the caption).
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import altair as alt
@@ -16,6 +25,11 @@ import polars as pl
 from slmserve import io
 
 PAPER = "the paper (vLLM 0.1.7, A100 40 GB, real OPT weights)"
+# How the paper names its model families (Figure 2 left), keyed by the prefix of a config model key.
+FAMILY_NAMES = {"opt": "OPT", "llama": "LLaMA", "mpt": "MPT", "gptj": "GPT-J", "gpt-j": "GPT-J"}
+PAPER_FAMILIES = ("OPT", "LLaMA", "MPT", "GPT-J")
+TELEMETRY_SOURCE = "GPU metrics: NVML, sampled every 100 ms over each run's measurement window (the paper: DCGM)"
+RULE_NOTE_PLACEHOLDER = "[Rule for 'fits': to be stated by the caller.]"
 
 
 def theme() -> dict:
@@ -25,6 +39,7 @@ def theme() -> dict:
             "view": {"continuousWidth": 420, "continuousHeight": 300},
             "axis": {"labelFontSize": 11, "titleFontSize": 12, "grid": True},
             "legend": {"labelFontSize": 11, "titleFontSize": 12},
+            "title": {"fontSize": 14},
         }
     }
 
@@ -32,58 +47,713 @@ def theme() -> dict:
 alt.theme.register("slmserve", enable=True)(theme)
 
 
+# --- model names and order ------------------------------------------------------------------------
+
+
+def _params_value(text: str | None) -> float:
+    """``"125M"`` -> 1.25e8, ``"opt1.3b"`` -> 1.3e9; inf when no size is found (sorted last)."""
+    m = re.search(r"(\d+(?:\.\d+)?)\s*([mb])", (text or "").lower())
+    return float(m[1]) * (1e6 if m[2] == "m" else 1e9) if m else math.inf
+
+
+def display_name(model: str, family: str | None = None, params: str | None = None) -> str:
+    """The paper's name of a model: ``OPT-1.3B``, ``LLaMA-7B``, ``GPT-J-6B`` (from family and params,
+    else from a config key such as ``opt1.3b``); the key itself when neither works."""
+    if family and params:
+        return f"{family}-{params}"
+    m = re.fullmatch(r"([a-z-]+?)-?(\d+(?:\.\d+)?[mb])", model.lower())
+    if m:
+        return f"{FAMILY_NAMES.get(m[1], m[1].upper())}-{(params or m[2]).upper()}"
+    return model
+
+
+def _names(df: pl.DataFrame) -> dict[str, tuple[str, float]]:
+    """Config model key -> (display name, parameter count)."""
+    if "model" not in df.columns:
+        return {}
+    cols = [c for c in ("model", "family", "params") if c in df.columns]
+    out: dict[str, tuple[str, float]] = {}
+    for row in df.select(cols).unique(maintain_order=True).iter_rows(named=True):
+        key, family, params = row["model"], row.get("family"), row.get("params")
+        if key is None or (key in out and not family):
+            continue
+        out[key] = (display_name(key, family, params), _params_value(params or key))
+    return out
+
+
+def _named(df: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """``df`` with ``model`` replaced by the display name, and the names ordered by model size."""
+    names = _names(df)
+    if not names:
+        return df, []
+    order = [name for name, _ in sorted(set(names.values()), key=lambda t: (t[1], t[0]))]
+    mapping = {k: v[0] for k, v in names.items()}
+    return df.with_columns(pl.col("model").cast(pl.String).replace(mapping)), order
+
+
+# --- run selection --------------------------------------------------------------------------------
+
+
 def ok_runs(summary: pl.DataFrame) -> pl.DataFrame:
-    return summary.filter(pl.col("status") == "ok")
+    return summary.filter(pl.col("status") == "ok") if "status" in summary.columns else summary
 
 
-def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None) -> str:
-    """What was measured where: GPU, engine and version, request counts, differences from the paper."""
+def _finite(df: pl.DataFrame, cols: Iterable[str]) -> pl.DataFrame:
+    """Rows where every column of ``cols`` is present, non-null and (for floats) finite. All-null columns
+    (dtype Null, as in a frame of CPU runs) become Float64, so that altair can type them."""
+    df = df.with_columns(pl.col(c).cast(pl.Float64) for c, t in df.schema.items() if t == pl.Null)
+    conds = []
+    for c in cols:
+        if c not in df.columns:
+            return df.head(0)
+        cond = pl.col(c).is_not_null()
+        if df.schema[c].is_float():
+            cond = cond & pl.col(c).is_finite()
+        conds.append(cond)
+    return df.filter(*conds) if conds else df
+
+
+def _one_gpu(summary: pl.DataFrame) -> pl.DataFrame:
+    return summary.filter(pl.col("tp") == 1) if "tp" in summary.columns else summary
+
+
+def _main_workload(runs: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """The batch-sweep workload: all requests at once (arrival rate inf) and, when several output lengths
+    are present, the longest (the paper's 256). Returns the rows and a note on what was left out."""
+    n = runs.height
+    if "arrival_rate" in runs.columns and n:
+        rate = pl.col("arrival_rate").cast(pl.Float64)
+        at_once = rate.is_null() | rate.is_infinite()
+        if runs.select(at_once.any()).item():
+            runs = runs.filter(at_once)
+    out = None
+    if "output_len" in runs.columns and runs["output_len"].n_unique() > 1:
+        out = runs["output_len"].max()
+        runs = runs.filter(pl.col("output_len") == out)
+    if runs.height == n:
+        return runs, []
+    what = f"all-at-once runs with {out} output tokens" if out is not None else "all-at-once runs"
+    return runs, [f"Only the {what} are plotted; {n - runs.height} runs of other workloads are left out."]
+
+
+def _largest_batch(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
+    """Per group of ``by``: the run with the largest batch, preferring runs without preemptions."""
+    preempted = pl.col("preemptions").fill_null(0) > 0 if "preemptions" in runs.columns else pl.lit(False)
+    return (
+        runs.with_columns(_preempted=preempted)
+        .sort(["_preempted", "batch_size"], descending=[False, True])
+        .group_by(list(by), maintain_order=True)
+        .first()
+        .drop("_preempted")
+    )
+
+
+def _rate_label(rate: float | None) -> str:
+    return "inf" if rate is None or math.isinf(rate) else f"{rate:g}"
+
+
+# --- caption --------------------------------------------------------------------------------------
+
+
+def _values(df: pl.DataFrame, col: str) -> list:
+    return sorted(set(df[col].drop_nulls().to_list())) if col in df.columns else []
+
+
+def _not_served(summary: pl.DataFrame) -> list[str]:
+    """``<model>: not served: <reason>`` for each model with no measured run."""
+    if "model" not in summary.columns or "status" not in summary.columns:
+        return []
+    names = _names(summary)
+    lines = []
+    for key in sorted(names, key=lambda k: (names[k][1], names[k][0])):
+        rows = summary.filter(pl.col("model") == key)
+        if (rows["status"] == "ok").any():
+            continue
+        reasons = rows["reason"].drop_nulls().unique(maintain_order=True).to_list() if "reason" in rows.columns else []
+        more = f" (and {len(reasons) - 2} more)" if len(reasons) > 2 else ""
+        why = "; ".join(reasons[:2]) + more or ", ".join(rows["status"].drop_nulls().unique().to_list()) or "no run"
+        lines.append(f"{names[key][0]}: not served: {why}")
+    return lines
+
+
+def _telemetry_note(summary: pl.DataFrame, cols: Sequence[str]) -> list[str]:
+    if not cols:
+        return []
     ok = ok_runs(summary)
-    gpus = ", ".join(sorted(set(summary["gpu_model"].drop_nulls().to_list()))) or "unknown"
-    engines = ", ".join(sorted({f"{e} {v}" for e, v in zip(summary["engine"], summary["engine_version"], strict=True)}))
-    counts = sorted(set(ok["n_ok"].to_list())) if "n_ok" in ok.columns else []
-    infeasible = summary.filter(pl.col("status") == "infeasible")
-    lines = [
-        f"**{what}**",
-        "",
-        f"- Hardware: {gpus}",
-        f"- Engine: {engines}; dummy weights of the real shapes (`--load-format dummy`), `ignore_eos`, temperature 0",
-        f"- Requests per point: {', '.join(map(str, counts)) or 'none'}; "
-        f"prompt/output tokens: {sorted(set(summary['input_len'].to_list()))}/"
-        f"{sorted(set(summary['output_len'].to_list()))}",
-        f"- Runs: {ok.height} measured, {infeasible.height} infeasible (batch does not fit the KV cache)",
-        f"- Differs from {PAPER}: engine version, GPU, random weights.",
-    ]
+    cpu = bool(_values(summary, "gpu_model")) and all(g.startswith("CPU") for g in _values(summary, "gpu_model"))
+    present = [c for c in cols if c in ok.columns and ok[c].is_not_null().any()]
+    if not present:
+        why = "CPU engine" if cpu else f"{', '.join(cols)} null in every run"
+        return [f"GPU metrics not plotted: no GPU telemetry ({why})."]
+    notes = [TELEMETRY_SOURCE + "."]
+    missing = [c for c in cols if c not in present]
+    if missing:
+        notes.append(f"No data for {', '.join(missing)} (null in every run).")
+    n_with = ok.filter(pl.any_horizontal(pl.col(c).is_not_null() for c in present)).height
+    if n_with < ok.height:
+        notes.append(f"GPU telemetry missing for {ok.height - n_with} of {ok.height} measured runs (not plotted).")
+    return notes
+
+
+def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None, telemetry: Sequence[str] = ()) -> str:
+    """What was measured where: GPU, engine and version, request counts, workload, runs measured and
+    infeasible, models not served, GPU telemetry (``telemetry``: the plotted telemetry columns) and what
+    differs from the paper. Columns a frame lacks (the replication summary has no batch size, Table 1 no
+    request counts) are left out of the caption."""
+    cols = summary.columns
+    ok = ok_runs(summary)
+    gpus = ", ".join(_values(summary, "gpu_model")) or "unknown"
+    lines = [f"**{what}**", "", f"- Hardware: {gpus}"]
+    if "engine" in cols:
+        version = summary["engine_version"] if "engine_version" in cols else pl.Series([None] * summary.height)
+        engines = sorted({f"{e} {v}" if v else e for e, v in zip(summary["engine"], version, strict=True) if e})
+        lines.append(
+            f"- Engine: {', '.join(engines) or 'unknown'}; dummy weights of the real shapes (`--load-format dummy`), "
+            "`ignore_eos`, temperature 0"
+        )
+    if "n_ok" in cols:
+        lines.append(f"- Requests per point: {', '.join(map(str, _values(ok, 'n_ok'))) or 'none'}")
+    workload = []
+    if "input_len" in cols and "output_len" in cols:
+        workload.append(f"prompt/output tokens: {_values(summary, 'input_len')}/{_values(summary, 'output_len')}")
+    if "arrival_rate" in cols:
+        rates = summary["arrival_rate"].cast(pl.Float64).drop_nulls().unique().sort(descending=True).to_list()
+        workload.append(f"arrival rates (req/s): {', '.join(_rate_label(r) for r in rates)}")
+    if "batch_size" in cols:
+        workload.append(f"batch sizes: {', '.join(map(str, _values(summary, 'batch_size')))}")
+    if "replicas" in cols:
+        workload.append(f"replicas: {', '.join(map(str, _values(summary, 'replicas')))}")
+    if workload:
+        lines.append(f"- Workload: {'; '.join(workload)}")
+    if "status" in cols:
+        infeasible = summary.filter(pl.col("status") == "infeasible").height
+        failed = summary.filter(~pl.col("status").is_in(["ok", "infeasible"])).height
+        why = "batch does not fit the KV cache" if "batch_size" in cols else "does not fit the GPU memory"
+        runs = f"- Runs: {ok.height} measured, {infeasible} infeasible ({why})"
+        lines.append(runs + (f", {failed} failed" if failed else ""))
+    lines += [f"- {n}" for n in _not_served(summary)]
+    lines += [f"- {n}" for n in _telemetry_note(summary, telemetry)]
+    lines.append(f"- Differs from {PAPER}: engine version, GPU, random weights.")
     return "\n".join(lines + [f"- {n}" for n in (notes or [])]) + "\n"
 
 
-def throughput_latency(summary: pl.DataFrame) -> tuple[alt.Chart, str]:
+# --- shared chart shapes --------------------------------------------------------------------------
+
+
+def _color(order: Sequence[str], field: str = "model", title: str = "Model", legend: bool = True) -> alt.Color:
+    kwargs = {"sort": list(order), "scale": alt.Scale(domain=list(order))} if order else {}
+    return alt.Color(f"{field}:N", title=title, **kwargs, **({} if legend else {"legend": None}))
+
+
+def _no_data() -> alt.Chart:
+    """A gray "no data" note in the middle of an empty plot (its own one-row sequence, not a dataset)."""
+    note = alt.Chart(alt.sequence(0, 1)).mark_text(fontSize=13, color="gray")
+    return note.encode(x=alt.value(210), y=alt.value(150), text=alt.value("no data (see caption)"))
+
+
+def _tradeoff(
+    data: pl.DataFrame,
+    *,
+    title: str,
+    label: str,
+    order: Sequence[str] = (),
+    color: str = "model",
+    color_title: str = "Model",
+    shape: str | None = None,
+    shape_title: str | None = None,
+    log_x: bool = True,
+) -> alt.LayerChart:
+    """Throughput (requests/s) against mean latency: one line per ``series``, points labelled by ``label``
+    and connected in its order. Layers: lines, points, labels."""
+    x_scale = alt.Scale(type="log") if log_x else alt.Scale(zero=False)
+    base = alt.Chart(data).encode(
+        x=alt.X("latency_mean_s:Q", title="Mean end-to-end latency (s)", scale=x_scale),
+        y=alt.Y("throughput_rps:Q", title="Throughput (requests/s)"),
+        color=_color(order, color, color_title),
+    )
+    lines = base.mark_line().encode(detail="series:N", order=f"{label}:Q")
+    points = base.mark_point(filled=True, size=50).encode(
+        tooltip=[c for c in data.columns if c != "series"],
+    )
+    if shape:
+        lines = lines.encode(strokeDash=alt.StrokeDash(f"{shape}:N", legend=None))
+        points = points.encode(shape=alt.Shape(f"{shape}:N", title=shape_title))
+    labels = base.mark_text(dy=-9, fontSize=9).encode(text=f"{label}:Q")
+    return alt.layer(lines, points, labels, *([_no_data()] if data.is_empty() else [])).properties(title=title)
+
+
+# A panel of a batch-size figure: (panel title, y-axis title, {statistic: summary column}).
+Panel = tuple[str, str, dict[str, str]]
+_LONG_SCHEMA = {"model": pl.String, "batch_size": pl.Int64, "panel": pl.String, "stat": pl.String, "value": pl.Float64}
+
+
+def _batch_long(runs: pl.DataFrame, panels: Sequence[Panel]) -> pl.DataFrame:
+    """One row per (run, panel, statistic): model, batch_size, panel, stat, value (nulls dropped)."""
+    frames = [
+        runs.select(
+            pl.col("model").cast(pl.String),
+            pl.col("batch_size").cast(pl.Int64),
+            panel=pl.lit(title),
+            stat=pl.lit(stat),
+            value=pl.col(col).cast(pl.Float64),
+        )
+        for title, _, cols in panels
+        for stat, col in cols.items()
+        if col in runs.columns
+    ]
+    data = pl.concat(frames) if frames else pl.DataFrame(schema=_LONG_SCHEMA)
+    return _finite(data, ["batch_size", "value"]).sort(["panel", "stat", "model", "batch_size"])
+
+
+def _batch_lines(
+    data: pl.DataFrame, panels: Sequence[Panel], *, title: str, order: Sequence[str], y_log: bool = False
+) -> alt.TopLevelMixin:
+    """Lines against batch size (log2 axis), a color per model, mean/max as line styles; one panel per
+    entry of ``panels`` side by side, all drawn from the one long dataset of :func:`_batch_long`."""
+    ticks = sorted(set(data["batch_size"].to_list()))
+    x = alt.X(
+        "batch_size:Q",
+        title="Batch size",
+        scale=alt.Scale(type="log", base=2),
+        axis=alt.Axis(values=ticks, format="d") if ticks else alt.Axis(format="d"),
+    )
+    charts = []
+    for ptitle, ytitle, cols in panels:
+        stats = list(cols)
+        base = (
+            alt.Chart()
+            .transform_filter(alt.FieldEqualPredicate(field="panel", equal=ptitle))
+            .encode(
+                x=x,
+                y=alt.Y("value:Q", title=ytitle, scale=alt.Scale(type="log") if y_log else alt.Scale()),
+                color=_color(order),
+            )
+        )
+        lines = base.mark_line().encode(detail="stat:N", order="batch_size:Q")
+        points = base.mark_point(filled=True, size=35).encode(tooltip=["model", "batch_size", "stat", "value"])
+        if len(stats) > 1:
+            dash = alt.Scale(domain=stats, range=[[1, 0], [6, 3], [2, 2]][: len(stats)])
+            lines = lines.encode(strokeDash=alt.StrokeDash("stat:N", title="Statistic", sort=stats, scale=dash))
+            points = points.encode(shape=alt.Shape("stat:N", sort=stats, legend=None))
+        layers = [lines, points]
+        if data.filter(pl.col("panel") == ptitle).is_empty():  # say so on the chart (the caption says why)
+            layers.append(_no_data())
+        charts.append(alt.layer(*layers, title=ptitle if len(panels) > 1 else title))
+    if len(charts) == 1:
+        return alt.layer(*charts[0].layer, data=data, title=title)
+    return alt.hconcat(*charts, data=data, title=title)
+
+
+def _bars(
+    data: pl.DataFrame,
+    *,
+    y: str,
+    y_title: str,
+    title: str,
+    order: Sequence[str],
+    group: str | None = None,
+    group_title: str | None = None,
+    text: str | None = None,
+    text_format: str = ".0f",
+) -> alt.LayerChart:
+    """Bars per model (in ``order``); grouped side by side by ``group`` (a color each) when given; each bar
+    labelled with ``text`` (a string column) or else its value."""
+    base = alt.Chart(data).encode(
+        x=alt.X("model:N", title="Model", sort=list(order), axis=alt.Axis(labelAngle=0)),
+        y=alt.Y(f"{y}:Q", title=y_title),
+    )
+    if group:
+        base = base.encode(xOffset=alt.XOffset(f"{group}:N"))
+        color = alt.Color(f"{group}:N", title=group_title or group)
+    else:
+        color = _color(order, legend=False)
+    bars = base.mark_bar().encode(color=color, tooltip=list(data.columns))
+    label = alt.Text(f"{text}:N") if text else alt.Text(f"{y}:Q", format=text_format)
+    labels = base.mark_text(baseline="bottom", dy=-3, fontSize=10).encode(text=label)
+    layers = [bars, labels]
+    if data.is_empty():
+        layers.append(_no_data())
+    return alt.layer(*layers).properties(title=title, width=420)
+
+
+# --- Figures 1 and 2: throughput/latency trade-offs ------------------------------------------------
+
+
+def throughput_latency(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     """Figure 1: throughput (requests/s) against mean latency, one point per batch size, a curve per
     model and GPU count."""
-    data = ok_runs(summary).select(
+    runs, notes = _main_workload(ok_runs(summary))
+    runs, order = _named(runs)
+    data = _finite(runs, ["throughput_rps", "latency_mean_s"]).select(
         "model", "tp", "batch_size", "throughput_rps", "latency_mean_s",
         series=pl.col("model") + pl.lit(" · ") + pl.col("tp").cast(pl.String) + pl.lit(" GPU"),
         gpus=pl.col("tp").cast(pl.String),
     )  # fmt: skip
-    base = alt.Chart(data).encode(
-        x=alt.X("latency_mean_s:Q", title="Mean end-to-end latency (s)", scale=alt.Scale(type="log")),
-        y=alt.Y("throughput_rps:Q", title="Throughput (requests/s)"),
-        color=alt.Color("model:N", title="Model"),
-    )
-    lines = base.mark_line().encode(
-        detail="series:N", order="batch_size:Q", strokeDash=alt.StrokeDash("gpus:N", legend=None)
-    )
-    points = base.mark_point(filled=True, size=50).encode(
-        shape=alt.Shape("gpus:N", title="GPUs"),
-        tooltip=["model", "tp", "batch_size", "throughput_rps", "latency_mean_s"],
-    )
-    labels = base.mark_text(dy=-9, fontSize=9).encode(text="batch_size:Q")
-    chart = (lines + points + labels).properties(title="Throughput and latency trade-off (Figure 1)")
-    return chart, caption(summary, "Figure 1: throughput vs mean end-to-end latency, labels = batch size")
+    chart = _tradeoff(
+        data, title="Throughput and latency trade-off (Figure 1)", label="batch_size", order=order,
+        shape="gpus", shape_title="GPUs",
+    )  # fmt: skip
+    return chart, caption(summary, "Figure 1: throughput vs mean end-to-end latency, labels = batch size", notes)
 
 
-FIGURES: dict[str, Callable[[pl.DataFrame], tuple[alt.Chart, str]]] = {
+def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
+    """Figure 2 (left): throughput against mean latency for decoder families of similar size (OPT-6.7B,
+    LLaMA-7B, MPT-7B, GPT-J-6B), one curve per model, labels = batch size. Models with no measured run
+    are named in the caption with their reason."""
+    runs, notes = _main_workload(_one_gpu(ok_runs(summary)))
+    runs, order = _named(runs)
+    data = _finite(runs, ["throughput_rps", "latency_mean_s"]).select(
+        "model", "batch_size", "throughput_rps", "latency_mean_s", series=pl.col("model")
+    )
+    chart = _tradeoff(data, title="Families of similar size (Figure 2, left)", label="batch_size", order=order)
+    if "family" in summary.columns:
+        missing = [f for f in PAPER_FAMILIES if f not in set(summary["family"].drop_nulls().to_list())]
+        notes += [f"{f}: no run in this summary (in the paper's Figure 2, left)" for f in missing]
+    notes.append("One GPU (tp = 1), all requests at once; the paper's curves are on one A100 40 GB.")
+    return chart, caption(
+        _one_gpu(summary), "Figure 2 (left): throughput vs mean latency per model family, labels = batch size", notes
+    )
+
+
+def _output_model(summary: pl.DataFrame) -> str | None:
+    """The model of the output-length experiment: the one with the most distinct output lengths measured."""
+    runs = ok_runs(summary) if not ok_runs(summary).is_empty() else summary
+    if runs.is_empty():
+        return None
+    counts = (
+        runs.group_by("model").agg(n=pl.col("output_len").n_unique()).sort(["n", "model"], descending=[True, False])
+    )
+    return counts["model"][0]
+
+
+def output_lengths(summary: pl.DataFrame, model: str | None = None) -> tuple[alt.LayerChart, str]:
+    """Figure 2 (right): OPT-6.7B throughput against mean latency, a series per arrival rate (inf, 100,
+    10 req/s), points labelled by output length (32-256). Where the summary holds a batch sweep per
+    (rate, output length), each point is the largest feasible batch (preferring runs without preemption):
+    the batch the KV cache allows, as in the paper."""
+    model = model or _output_model(summary)
+    frame = _one_gpu(summary.filter(pl.col("model") == model)) if model else summary.head(0)
+    runs = _largest_batch(ok_runs(frame), ["arrival_rate", "output_len"]) if not frame.is_empty() else frame
+    runs, _ = _named(runs)
+    rates = runs["arrival_rate"].cast(pl.Float64).unique().sort(descending=True).to_list() if runs.height else []
+    data = _finite(runs, ["throughput_rps", "latency_mean_s"]).select(
+        "model", "output_len", "batch_size", "throughput_rps", "latency_mean_s",
+        rate=pl.col("arrival_rate").cast(pl.Float64).map_elements(_rate_label, return_dtype=pl.String),
+    ).with_columns(series=pl.col("rate"))  # fmt: skip
+    chart = _tradeoff(
+        data, title=f"Output length and arrival rate, {display_name(model or '')} (Figure 2, right)",
+        label="output_len", order=[_rate_label(r) for r in rates], color="rate", color_title="Arrival rate (req/s)",
+        log_x=False,
+    )  # fmt: skip
+    per_out = data.group_by("output_len").agg(pl.col("batch_size").unique().sort()).sort("output_len")
+    used = ", ".join(
+        f"{r['output_len']} tokens: {'/'.join(map(str, r['batch_size']))}" for r in per_out.iter_rows(named=True)
+    )
+    notes = [
+        "Arrival times from a Poisson process at the given rate (inf: all requests at once), as in the paper.",
+        "Each point is the largest feasible batch of the sweep, preferring runs without preemption (batch per output "
+        f"length: {used or 'none'}); the paper let vLLM batch as many requests as the KV cache holds.",
+    ]
+    return chart, caption(
+        frame, "Figure 2 (right): throughput vs mean latency by output length (labels) and arrival rate", notes
+    )
+
+
+# --- Figures 3, 8 and extras: metrics against batch size -------------------------------------------
+
+
+def _batch_figure(
+    summary: pl.DataFrame, panels: Sequence[Panel], *, title: str, what: str, notes: list[str], y_log: bool = False
+) -> tuple[alt.TopLevelMixin, str]:
+    """A figure of metrics against batch size on one GPU (tp == 1), all-at-once workload."""
+    frame = _one_gpu(summary)
+    runs, left_out = _main_workload(ok_runs(frame))
+    runs, order = _named(runs)
+    data = _batch_long(runs, panels)
+    chart = _batch_lines(data, panels, title=title, order=order, y_log=y_log)
+    telemetry = [c for _, _, cols in panels for c in cols.values() if c not in ("throughput_rps", "latency_mean_s")]
+    return chart, caption(frame, what, left_out + notes, telemetry=telemetry)
+
+
+def sm_metrics(summary: pl.DataFrame) -> tuple[alt.TopLevelMixin, str]:
+    """Figure 3: SM activity and SM occupancy (%), mean and max over the run, against batch size (log2),
+    a color per model, one GPU."""
+    panels = [
+        ("SM activity", "SM activity (%)", {"mean": "sm_active_mean", "max": "sm_active_max"}),
+        ("SM occupancy", "SM occupancy (%)", {"mean": "sm_occupancy_mean", "max": "sm_occupancy_max"}),
+    ]
+    notes = [
+        "Mean and maximum over the 100 ms samples of each run's measurement window (the paper: over all time steps)."
+    ]
+    return _batch_figure(
+        summary, panels, title="SM activity and occupancy on one GPU (Figure 3)",
+        what="Figure 3: SM activity and SM occupancy (mean, max) vs batch size, one GPU", notes=notes,
+    )  # fmt: skip
+
+
+def util_throughput(summary: pl.DataFrame) -> tuple[alt.TopLevelMixin, str]:
+    """Figure 8: average GPU utilisation (%) and throughput (requests/s) against batch size per model, one GPU."""
+    panels = [
+        ("GPU utilisation", "Average GPU utilisation (%)", {"mean": "gpu_util_mean"}),
+        ("Throughput", "Throughput (requests/s)", {"mean": "throughput_rps"}),
+    ]
+    notes = ["GPU utilisation: NVML utilization.gpu (what DCGM_FI_DEV_GPU_UTIL reports), share of time a kernel ran."]
+    return _batch_figure(
+        summary, panels, title="GPU utilisation and throughput (Figure 8)",
+        what="Figure 8: average GPU utilisation and throughput vs batch size, one GPU", notes=notes,
+    )  # fmt: skip
+
+
+def dram_bandwidth(summary: pl.DataFrame) -> tuple[alt.TopLevelMixin, str]:
+    """Beyond the paper: DRAM bandwidth utilisation (%), mean and max, against batch size per model."""
+    panels = [("DRAM bandwidth", "DRAM bandwidth utilisation (%)", {"mean": "dram_bw_mean", "max": "dram_bw_max"})]
+    notes = [
+        "Not in the paper. Its follow-up, Recasens et al., 'Mind the Memory Gap: Unveiling GPU Bottlenecks in "
+        "Large-Batch LLM Inference' (2025), argues that large-batch inference stays memory-bound: DRAM bandwidth "
+        "saturates while compute is underused, rather than the shift to a compute-bound regime that the paper "
+        "gives for the throughput plateau (its Section 2.3). High DRAM utilisation at the batches where "
+        "throughput stops growing supports that reading.",
+        "DRAM bandwidth: NVML GPM DRAM_BW_UTIL (share of peak HBM bandwidth), mean and max over the 100 ms samples.",
+    ]
+    return _batch_figure(
+        summary, panels, title="DRAM bandwidth utilisation on one GPU (beyond the paper)",
+        what="DRAM bandwidth utilisation (mean, max) vs batch size, one GPU", notes=notes,
+    )  # fmt: skip
+
+
+def energy_per_token(summary: pl.DataFrame) -> tuple[alt.TopLevelMixin, str]:
+    """Beyond the paper: GPU energy per output token (J) against batch size per model, one GPU."""
+    panels = [("Energy per token", "GPU energy per output token (J)", {"mean": "energy_per_token_j"})]
+    notes = [
+        "Not in the paper (its Figure 4 shows power only). Energy: NVML's cumulative energy counter over the "
+        "measurement window, summed over the job's GPUs, divided by the output tokens; log y axis."
+    ]
+    return _batch_figure(
+        summary, panels, title="Energy per output token on one GPU (beyond the paper)",
+        what="Energy per output token vs batch size, one GPU", notes=notes, y_log=True,
+    )  # fmt: skip
+
+
+# --- Figure 4: power at the largest batch ---------------------------------------------------------
+
+
+def power(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
+    """Figure 4: average power (W) per model at its largest measured feasible batch on one GPU (runs
+    without preemptions preferred), each bar labelled with that batch size."""
+    frame = _one_gpu(summary)
+    runs, left_out = _main_workload(ok_runs(frame))
+    runs = _largest_batch(_finite(runs, ["power_w_mean"]), ["model"]) if runs.height else runs
+    runs, order = _named(runs)
+    data = _finite(runs, ["power_w_mean"]).select(
+        "model", "batch_size", "power_w_mean", label=pl.lit("bs ") + pl.col("batch_size").cast(pl.String)
+    )
+    chart = _bars(
+        data, y="power_w_mean", y_title="Average power (W)", order=order, text="label",
+        title="Average GPU power at the largest batch (Figure 4)",
+    )  # fmt: skip
+    chosen = ", ".join(f"{r['model']}: batch {r['batch_size']}" for r in data.iter_rows(named=True))
+    notes = [
+        *left_out,
+        "Batch = the largest measured feasible batch on one GPU, preferring runs without preemption "
+        f"({chosen or 'none'}); the paper used the Table 1 maximum of a 40 GB A100.",
+        "Power: mean of NVML power readings over the window (on Hopper the driver's ~1 s moving average).",
+    ]
+    return chart, caption(
+        frame, "Figure 4: average GPU power (W) at the largest batch per model", notes, ["power_w_mean"]
+    )
+
+
+# --- Figures 5-7 and extra: replication ------------------------------------------------------------
+
+
+def _replication_notes(summary: pl.DataFrame) -> list[str]:
+    notes = [
+        "Replicas of one model share one GPU, each with an equal share of 90% of its memory; the requests are "
+        "split evenly; throughput = sum over replicas, latency = the largest replica mean (as in the paper).",
+    ]
+    if "batch_per_replica" in summary.columns:
+        names = _names(summary)
+        per = ok_runs(summary).sort(
+            pl.col("model").map_elements(lambda m: names[m][1], return_dtype=pl.Float64), pl.col("replicas")
+        )
+        batches = ", ".join(
+            f"{names[r['model']][0]} ×{r['replicas']}: {r['batch_per_replica']}" for r in per.iter_rows(named=True)
+        )
+        notes.append(f"Batch per replica = the largest one-GPU batch / replicas ({batches or 'none'}).")
+    if "status" in summary.columns:
+        bad = summary.filter(pl.col("status") != "ok").sort(["model", "replicas"])
+        names = _names(summary)
+        notes += [
+            f"{names.get(r['model'], (r['model'],))[0]} × {r['replicas']} replicas: {r['status']}"
+            + (f": {r['reason']}" if r.get("reason") else "")
+            for r in bad.iter_rows(named=True)
+        ]
+    return notes
+
+
+def replication_tradeoff(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
+    """Figure 5: throughput against latency per model, points labelled by the number of replicas."""
+    runs, order = _named(ok_runs(summary))
+    data = _finite(runs, ["throughput_rps", "latency_mean_s"]).select(
+        "model", "replicas", "throughput_rps", "latency_mean_s", series=pl.col("model")
+    )
+    chart = _tradeoff(
+        data, title="Model replication: throughput and latency (Figure 5)", label="replicas", order=order,
+        log_x=False,
+    )  # fmt: skip
+    what = "Figure 5: throughput vs mean latency with 1-3 replicas per model on one GPU, labels = replicas"
+    return chart, caption(summary, what, _replication_notes(summary))
+
+
+def _replication_bars(
+    summary: pl.DataFrame, y: str, y_title: str, title: str, what: str, notes: Sequence[str] = ()
+) -> tuple[alt.LayerChart, str]:
+    runs, order = _named(ok_runs(summary))
+    data = _finite(runs, [y]).select("model", "replicas", y)
+    chart = _bars(
+        data, y=y, y_title=y_title, title=title, order=order, group="replicas", group_title="Replicas",
+        text_format=".2g" if y == "energy_per_token_j" else ".0f",
+    )  # fmt: skip
+    return chart, caption(summary, what, [*_replication_notes(summary), *notes], telemetry=[y])
+
+
+def replication_gpu_util(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
+    """Figure 6: average GPU utilisation (%) per model and number of replicas."""
+    return _replication_bars(
+        summary, "gpu_util_mean", "Average GPU utilisation (%)", "GPU utilisation with replicas (Figure 6)",
+        "Figure 6: average GPU utilisation, model × replicas on one GPU",
+    )  # fmt: skip
+
+
+def replication_power(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
+    """Figure 7: average power (W) per model and number of replicas."""
+    return _replication_bars(
+        summary, "power_w_mean", "Average power (W)", "GPU power with replicas (Figure 7)",
+        "Figure 7: average GPU power (W), model × replicas on one GPU",
+    )  # fmt: skip
+
+
+def energy_per_token_replicas(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
+    """Beyond the paper: GPU energy per output token (J) per model and number of replicas."""
+    return _replication_bars(
+        summary, "energy_per_token_j", "GPU energy per output token (J)",
+        "Energy per token with replicas (beyond the paper)", "Energy per output token, model × replicas on one GPU",
+        ["Not in the paper. Energy: NVML's cumulative counter over the window / all replicas' output tokens."],
+    )  # fmt: skip
+
+
+# --- Table 1 --------------------------------------------------------------------------------------
+
+
+def _weights(gb: float | None) -> str:
+    if gb is None:
+        return "–"
+    return f"{gb * 1000:.0f} MB" if gb < 1 else f"{gb:.1f} GB"
+
+
+def _batch(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and not math.isfinite(value)) else str(int(value))
+
+
+def _budget(df: pl.DataFrame) -> str:
+    budgets = _values(df, "budget_gb")
+    return "/".join(f"{b:g}" for b in budgets) + " GB" if budgets else "budget"
+
+
+def table1(df: pl.DataFrame) -> pl.DataFrame:
+    """Table 1 as strings: Model, Parameters, fp16 weights, the paper's maximum batch (A100 40 GB), the
+    analytic one for the memory budget, and the measured ones (budget emulated; whole GPU)."""
+    budget = _budget(df)
+    names = _names(df)
+    rows = []
+    for r in df.iter_rows(named=True):
+        get = r.get
+        rows.append(
+            {
+                "Model": names[r["model"]][0] if r["model"] in names else r["model"],
+                "Parameters": get("params") or "–",
+                "fp16 weights": _weights(get("weights_gb")),
+                "paper (A100 40 GB)": _batch(get("paper_max_batch")),
+                f"analytic ({budget})": _batch(get("analytic_max_batch")),
+                f"measured ({budget} emulated)": _batch(get("measured_max_batch_budget")),
+                "measured (whole GPU)": _batch(get("measured_max_batch_whole")),
+                "_size": names[r["model"]][1] if r["model"] in names else math.inf,
+            }
+        )
+    if not rows:
+        cols = ["Model", "Parameters", "fp16 weights", "paper (A100 40 GB)", f"analytic ({budget})",
+                f"measured ({budget} emulated)", "measured (whole GPU)"]  # fmt: skip
+        return pl.DataFrame(schema=dict.fromkeys(cols, pl.String))
+    return pl.DataFrame(rows).sort("_size", "Model", maintain_order=True).drop("_size")
+
+
+def table1_csv(df: pl.DataFrame) -> str:
+    return table1(df).write_csv()
+
+
+def table1_markdown(df: pl.DataFrame, rule_note: str = RULE_NOTE_PLACEHOLDER) -> str:
+    """Table 1 as a Markdown table and a note under it: GPU, engine, memory budget, KV-cache capacity and
+    ``rule_note`` (the caller's sentence on the rule used for "fits")."""
+    table = table1(df)
+    head = "| " + " | ".join(table.columns) + " |"
+    align = "|" + "|".join([":---", ":---"] + ["---:"] * (table.width - 2)) + "|"
+    body = ["| " + " | ".join(row) + " |" for row in table.iter_rows()]
+    gpus = ", ".join(_values(df, "gpu_model")) or "unknown"
+    engines = ""
+    if "engine" in df.columns:
+        version = df["engine_version"] if "engine_version" in df.columns else pl.Series([None] * df.height)
+        engines = ", ".join(sorted({f"{e} {v}" if v else e for e, v in zip(df["engine"], version, strict=True) if e}))
+    names = _names(df)
+    kv = "; ".join(
+        f"{names[r['model']][0]}: {_batch(r.get('kv_tokens_budget'))} / {_batch(r.get('kv_tokens_whole'))}"
+        for r in df.iter_rows(named=True)
+        if r.get("kv_tokens_budget") is not None or r.get("kv_tokens_whole") is not None
+    )
+    budget = _budget(df)
+    note = (
+        "Maximum batch size (powers of two, capped at 512). Paper: its Table 1 (vLLM 0.1.7, A100 40 GB, 90% of the "
+        f"memory = 36 GB for vLLM). Here: {gpus}, {engines or 'unknown engine'}; analytic = computed for a {budget} "
+        f"memory budget; measured = the largest batch that ran with the server's memory limited to {budget} "
+        "(emulating the A100's 36 GB), and with the whole GPU."
+    )
+    lines = [head, align, *body, "", note]
+    if kv:
+        lines.append(f"KV-cache capacity in tokens ({budget} / whole GPU): {kv}.")
+    lines.append(rule_note)
+    return "\n".join(lines) + "\n"
+
+
+# --- registry and output --------------------------------------------------------------------------
+
+FIGURES: dict[str, Callable[[pl.DataFrame], tuple[alt.TopLevelMixin, str]]] = {
     "throughput_latency": throughput_latency,
+    "families": families,
+    "output_lengths": output_lengths,
+    "sm_metrics": sm_metrics,
+    "power": power,
+    "replication_tradeoff": replication_tradeoff,
+    "replication_gpu_util": replication_gpu_util,
+    "replication_power": replication_power,
+    "util_throughput": util_throughput,
+    "dram_bandwidth": dram_bandwidth,
+    "energy_per_token": energy_per_token,
+    "energy_per_token_replicas": energy_per_token_replicas,
+}
+
+# The summary each figure reads: sweep (Figure 1's runs), families, output_lengths, replication.
+FIGURE_INPUTS: dict[str, str] = {
+    "throughput_latency": "sweep",
+    "families": "families",
+    "output_lengths": "output_lengths",
+    "sm_metrics": "sweep",
+    "power": "sweep",
+    "replication_tradeoff": "replication",
+    "replication_gpu_util": "replication",
+    "replication_power": "replication",
+    "util_throughput": "sweep",
+    "dram_bandwidth": "sweep",
+    "energy_per_token": "sweep",
+    "energy_per_token_replicas": "replication",
 }
 
 

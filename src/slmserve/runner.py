@@ -12,6 +12,8 @@ run with status ``infeasible`` and the reason.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -21,7 +23,7 @@ from typing import Any
 
 import polars as pl
 
-from slmserve import io, provenance, telemetry
+from slmserve import capacity, io, provenance, telemetry
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.loadgen import LoadResult, LoadSpec, result_meta, run_load_async, to_frame
 from slmserve.server import (
@@ -56,7 +58,7 @@ class SweepJob:
     arrival_rate: float = math.inf
     warmup_requests: int = 8
     seed: int = 0
-    batch_control: str = "client"
+    batch_control: str = "server"
     memory_share: float = 0.9
     memory_budget_gb: float | None = None
     max_model_len: int = 1024
@@ -64,6 +66,7 @@ class SweepJob:
     startup_timeout_s: float = 900.0
     cpu_kv_cache_gb: float = 2.0
     stream_interval: int | None = None
+    fits: str = "admission"  # or "no_preemption": when a batch counts as fitting the KV cache
     stream: bool = True  # False: non-streaming requests (no TTFT), the cheapest client
     telemetry_interval_s: float = 0.1
     telemetry_enabled: bool = True
@@ -116,12 +119,11 @@ def requests_for(job: SweepJob, batch: int) -> int:
     return min(job.num_requests, max(job.min_requests, job.rounds_per_batch * batch))
 
 
-def kv_tokens_needed(batch: int, input_len: int, output_len: int, block_size: int | None) -> int:
-    """KV-cache tokens a batch needs: each sequence holds whole blocks of prompt plus output."""
-    per_seq = input_len + output_len
-    if block_size:
-        per_seq = math.ceil(per_seq / block_size) * block_size
-    return batch * per_seq
+def kv_tokens_needed(batch: int, input_len: int, output_len: int, block_size: int | None, fits: str) -> int:
+    """KV-cache tokens a batch needs, in whole blocks: its prompts (``fits="admission"``, vLLM's rule for
+    scheduling a request; see :mod:`slmserve.capacity`) or its whole requests (``"no_preemption"``)."""
+    per_seq = input_len if fits == "admission" else input_len + output_len
+    return batch * capacity.blocks_rounded(per_seq, block_size)
 
 
 def _server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) -> ServerSpec:
@@ -183,12 +185,10 @@ def to_frame_empty() -> pl.DataFrame:
 
 def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, prompts: pl.DataFrame) -> None:
     """One batch size on a running server: feasibility check, load with telemetry, two parquet files."""
-    need = kv_tokens_needed(batch, job.input_len, job.output_len, srv.block_size)
+    need = kv_tokens_needed(batch, job.input_len, job.output_len, srv.block_size, job.fits)
     if srv.kv_cache_tokens is not None and need > srv.kv_cache_tokens:
-        reason = (
-            f"batch {batch} needs {need} KV-cache tokens ({job.input_len}+{job.output_len} per request), "
-            f"the server has {srv.kv_cache_tokens}"
-        )
+        what = "prompts" if job.fits == "admission" else "whole requests"
+        reason = f"batch {batch} needs {need} KV-cache tokens for its {what}, the server has {srv.kv_cache_tokens}"
         write_infeasible(job, batch, alloc, reason, srv.info())
         return
     n = requests_for(job, batch)
@@ -287,3 +287,55 @@ def run_sweep(job: SweepJob) -> None:
         else:
             for batch in batches:
                 _serve(job, alloc, [batch], batch, f"bs{batch}", prompts)
+
+
+def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[str, Any]:
+    """Start one server with ``budget_gb`` of the GPU (None: the configured share, i.e. the whole GPU)
+    and record vLLM's KV-cache capacity and the largest batch that fits it (Table 1)."""
+    install_signal_handlers()
+    job.memory_budget_gb = budget_gb
+    with GpuSlots(job.tensor_parallel, label=f"{job.model} kv-probe") as alloc:
+        spec = _server_spec(job, alloc, capacity.BATCH_CAP, f"probe-{budget_gb or 'whole'}")
+        result: dict[str, Any] = {"model": job.model, "budget_gb": budget_gb, "status": "ok", "reason": None}
+        try:
+            with VllmServer(spec) as srv:
+                info = srv.info()
+        except InfeasibleError as exc:
+            info = {"kv_cache_tokens": 0, "block_size": None}
+            result.update(status="infeasible", reason=exc.reason)
+        tokens, block = info.get("kv_cache_tokens") or 0, info.get("block_size")
+        result.update(
+            kv_cache_tokens=tokens,
+            block_size=block,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            max_batch_admission=capacity.max_batch(tokens, capacity.blocks_rounded(job.input_len, block)),
+            max_batch_no_preemption=capacity.max_batch(
+                tokens, capacity.blocks_rounded(job.input_len + job.output_len, block)
+            ),
+            server=info,
+            provenance=provenance.collect({**job.describe(), "probe_budget_gb": budget_gb}, alloc.nvml_indices),
+        )
+    io.atomic_write_text(out, json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    return result
+
+
+def max_batch_from_probe(probe: dict[str, Any], fits: str) -> int:
+    return int(probe["max_batch_admission" if fits == "admission" else "max_batch_no_preemption"])
+
+
+def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[Path, Path]]) -> None:
+    """Several workloads (output length, arrival rate) at one batch size on ONE server: the server's
+    configuration is the same for all of them (``--max-num-seqs`` = ``batch``), so it is started once."""
+    install_signal_handlers()
+    prompts = pl.read_parquet(job.prompts_path).head(job.num_requests)
+    with GpuSlots(job.tensor_parallel, label=f"{job.model} points") as alloc:
+        try:
+            with VllmServer(_server_spec(job, alloc, batch, "points")) as srv:
+                for (out_len, rate), paths in points.items():
+                    point = dataclasses.replace(job, output_len=out_len, arrival_rate=rate, outputs={batch: paths})
+                    measure(point, srv, batch, alloc, prompts)
+        except InfeasibleError as exc:
+            for (out_len, rate), paths in points.items():
+                if not paths[0].exists():
+                    point = dataclasses.replace(job, output_len=out_len, arrival_rate=rate, outputs={batch: paths})
+                    write_infeasible(point, batch, alloc, exc.reason, None)

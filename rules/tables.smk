@@ -1,0 +1,20 @@
+# Table 1 from the capacity probes: largest batch per model (paper, analytic, measured).
+
+
+rule table1:
+    input:
+        whole=ancient(capacity_files("whole")),
+        budget=ancient(capacity_files(f"{BUDGET:g}gb") if BUDGET else []),
+    output:
+        csv=report(f"{FIG}/table1.csv", caption="../report/table1.rst", category="Table 1"),
+        md=f"{FIG}/table1.md",
+    params:
+        models=config["models"],
+        budget_gb=BUDGET,
+        workload=WL,
+    log:
+        f"{LOGS}/figures/table1.log",
+    conda:
+        "../envs/figures.yaml"
+    script:
+        "../workflow/scripts/table1.py"

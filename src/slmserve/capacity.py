@@ -1,0 +1,136 @@
+"""KV-cache capacity and the largest batch that fits (the paper's Table 1).
+
+The paper sizes a token's KV cache as ``2 (fp16) * 2 (key and value) * hidden * layers`` bytes (section
+2.1) and reports, for a 36 GB budget (90% of a 40 GB A100), the largest power-of-two batch up to 512.
+Its values (512/256/128/64/16 for OPT-125M to 13B) follow when a batch *fits* as vLLM admits it: every
+request's prompt (``input_len`` tokens) must be resident in the KV cache, next to the fp16 weights.
+Output tokens are allocated on demand as they are generated; when they run out vLLM preempts, which the
+runs record (``vllm:num_preemptions_total``). The stricter rule -- whole requests, prompt plus every
+output token, resident at once -- is reported beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# The paper's Table 1: maximum batch size on a 40 GB A100 (36 GB for vLLM), capped at 512.
+PAPER_TABLE1: dict[str, int] = {"opt125m": 512, "opt1.3b": 256, "opt2.7b": 128, "opt6.7b": 64, "opt13b": 16}
+PAPER_WEIGHTS_GB: dict[str, float] = {"opt125m": 0.25, "opt1.3b": 2.6, "opt2.7b": 5.4, "opt6.7b": 13.4, "opt13b": 26.0}
+BATCH_CAP = 512
+FP16 = 2
+
+
+def load_config(folder: str | Path) -> dict[str, Any]:
+    return json.loads((Path(folder) / "config.json").read_text())
+
+
+def _dims(cfg: Mapping[str, Any]) -> tuple[int, int]:
+    """(hidden size, layers) across the config spellings of OPT/LLaMA, GPT-J and MPT."""
+    hidden = cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("d_model")
+    layers = cfg.get("num_hidden_layers") or cfg.get("n_layer") or cfg.get("n_layers")
+    if not hidden or not layers:
+        raise ValueError("model config has no hidden size / layer count (hidden_size, n_embd, d_model)")
+    return int(hidden), int(layers)
+
+
+def kv_bytes_per_token(cfg: Mapping[str, Any], dtype_bytes: int = FP16) -> int:
+    """Paper, section 2.1: 2 (fp16) x 2 (key, value) x hidden x layers."""
+    hidden, layers = _dims(cfg)
+    return dtype_bytes * 2 * hidden * layers
+
+
+def param_count(cfg: Mapping[str, Any]) -> int:
+    """Parameters of an OPT model from its config (decoder layers, embeddings, learned positions)."""
+    if cfg.get("model_type") != "opt":
+        raise ValueError(f"param_count knows OPT only, not {cfg.get('model_type')!r}")
+    h, f, n = cfg["hidden_size"], cfg["ffn_dim"], cfg["num_hidden_layers"]
+    per_layer = 4 * h * h + 4 * h + 2 * h * f + h + f + 4 * h  # attention, MLP, two layer norms
+    proj = cfg["word_embed_proj_dim"]
+    embed = cfg["vocab_size"] * proj + (cfg["max_position_embeddings"] + 2) * h
+    extra = 2 * h * proj if proj != h else 0  # project_in/out (OPT-350m)
+    return n * per_layer + embed + extra + 2 * h
+
+
+def weight_bytes(cfg: Mapping[str, Any], dtype_bytes: int = FP16) -> int:
+    return param_count(cfg) * dtype_bytes
+
+
+def max_batch(capacity_tokens: int, tokens_per_seq: int, cap: int = BATCH_CAP) -> int:
+    """Largest power of two <= ``cap`` whose sequences fit ``capacity_tokens``; 0 if not even one."""
+    fits = capacity_tokens // tokens_per_seq if tokens_per_seq > 0 else 0
+    batch = 0
+    b = 1
+    while b <= min(cap, fits):
+        batch = b
+        b *= 2
+    return batch
+
+
+def analytic_capacity_tokens(cfg: Mapping[str, Any], budget_gb: float) -> int:
+    """KV-cache tokens left in ``budget_gb`` (10^9 bytes) after the fp16 weights."""
+    free = budget_gb * 1e9 - weight_bytes(cfg)
+    return max(0, int(free // kv_bytes_per_token(cfg)))
+
+
+def analytic_max_batch(cfg: Mapping[str, Any], budget_gb: float, input_len: int, output_len: int) -> dict[str, int]:
+    """Largest batch by the admission rule (prompts resident) and by whole requests (no preemption)."""
+    tokens = analytic_capacity_tokens(cfg, budget_gb)
+    return {
+        "capacity_tokens": tokens,
+        "admission": max_batch(tokens, input_len),
+        "no_preemption": max_batch(tokens, input_len + output_len),
+    }
+
+
+def blocks_rounded(tokens: int, block_size: int | None) -> int:
+    """Tokens a sequence occupies in whole KV-cache blocks."""
+    if not block_size:
+        return tokens
+    return -(-tokens // block_size) * block_size
+
+
+RULE_NOTE = (
+    "A batch fits when every request's prompt ({input_len} tokens) is resident in the KV cache beside the "
+    "fp16 weights (vLLM's rule for admitting a request; output blocks are allocated as tokens are "
+    "generated, and runs record vLLM's preemptions). Powers of two, capped at 512."
+)
+
+
+def table1_frame(
+    whole: list[str], budget: list[str], models: Mapping[str, Any], budget_gb: float | None, workload: Mapping[str, Any]
+) -> Any:
+    """Table 1 from the capacity probes (``capacity/{model}-{whole,<budget>gb}.json``)."""
+    import polars as pl
+
+    probes_whole = {json.loads(Path(p).read_text())["model"]: json.loads(Path(p).read_text()) for p in whole}
+    probes_budget = {json.loads(Path(p).read_text())["model"]: json.loads(Path(p).read_text()) for p in budget}
+    rows = []
+    for model, probe in probes_whole.items():
+        cfg = load_config(models[model].get("config"))
+        analytic = {}
+        if budget_gb:
+            analytic = analytic_max_batch(cfg, budget_gb, workload["input_len"], workload["output_len"])
+        bud = probes_budget.get(model, {})
+        prov = probe.get("provenance", {})
+        rows.append(
+            {
+                "model": model,
+                "params": models[model].get("params"),
+                "weights_gb": round(weight_bytes(cfg) / 1e9, 2),
+                "paper_max_batch": PAPER_TABLE1.get(model),
+                "analytic_max_batch": analytic.get("admission"),
+                "analytic_max_batch_no_preemption": analytic.get("no_preemption"),
+                "measured_max_batch_budget": bud.get("max_batch_admission"),
+                "measured_max_batch_whole": probe.get("max_batch_admission"),
+                "kv_tokens_budget": bud.get("kv_cache_tokens"),
+                "kv_tokens_whole": probe.get("kv_cache_tokens"),
+                "budget_gb": budget_gb,
+                "gpu_model": ", ".join(prov.get("gpu_models") or []) or f"CPU: {prov.get('cpu_model')}",
+                "engine": prov.get("engine"),
+                "engine_version": prov.get("engine_version"),
+            }
+        )
+    return pl.DataFrame(rows, infer_schema_length=None)

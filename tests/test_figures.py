@@ -1,0 +1,348 @@
+"""The paper's figures (2-8), the extras and Table 1 on small hand-made summaries: the plotted data, the
+encoded fields, the captions (infeasible and not-served models, missing telemetry) and the saved files."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from slmserve import figures
+
+GPU = "NVIDIA H100 80GB HBM3"
+INF = math.inf
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+TELEMETRY = [
+    "sm_active_mean", "sm_active_max", "sm_occupancy_mean", "sm_occupancy_max", "dram_bw_mean", "dram_bw_max",
+    "tensor_active_mean", "gpu_util_mean", "gpu_util_max", "power_w_mean", "power_w_mean_per_gpu", "energy_j",
+    "energy_per_token_j",
+]  # fmt: skip
+MODELS = {
+    "opt125m": ("OPT", "125M"),
+    "opt1.3b": ("OPT", "1.3B"),
+    "opt6.7b": ("OPT", "6.7B"),
+    "llama7b": ("LLaMA", "7B"),
+    "mpt7b": ("MPT", "7B"),
+    "gptj6b": ("GPT-J", "6B"),
+    "opt2.7b": ("OPT", "2.7B"),
+}
+
+
+def run(model: str, batch: int, *, tp: int = 1, out: int = 256, rate: float = INF, status: str = "ok",
+        reason: str | None = None, preemptions: int = 0, gpu: str = GPU) -> dict[str, Any]:  # fmt: skip
+    """One summary row (the schema of analysis.summarize_runs); metrics are simple functions of the batch."""
+    family, params = MODELS[model]
+    row: dict[str, Any] = {
+        "model": model, "family": family, "params": params, "tp": tp, "batch_size": batch, "output_len": out,
+        "input_len": 512, "arrival_rate": rate, "status": status, "reason": reason,
+        "gpu_model": gpu, "engine": "vllm", "engine_version": "0.26.0", "profile": "test",
+    }  # fmt: skip
+    if status != "ok":
+        return row
+    size = figures._params_value(params) / 1e9
+    row.update(
+        n_ok=500, throughput_rps=batch / (1 + size) / tp ** 0.5, output_tok_s=batch * out / (1 + size),
+        latency_mean_s=10 + batch / 10 + out / 100, latency_p50_s=10.0, latency_p99_s=20.0, ttft_mean_s=0.5,
+        tpot_mean_s=0.02, preemptions=preemptions,
+        sm_active_mean=10 + math.log2(batch), sm_active_max=min(100.0, 50 + 5 * math.log2(batch)),
+        sm_occupancy_mean=5 + math.log2(batch), sm_occupancy_max=20 + math.log2(batch),
+        dram_bw_mean=30 + 4 * math.log2(batch), dram_bw_max=60 + 4 * math.log2(batch), tensor_active_mean=3.0,
+        gpu_util_mean=80 - math.log2(batch), gpu_util_max=100.0, power_w_mean=(150 + 10 * size) * tp,
+        power_w_mean_per_gpu=150 + 10 * size, energy_j=1000.0, energy_per_token_j=1.0 / batch,
+    )  # fmt: skip
+    if gpu.startswith("CPU"):
+        row.update(dict.fromkeys(TELEMETRY))
+    return row
+
+
+def frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def dataset(chart: Any) -> pl.DataFrame:
+    """The one dataset a chart plots."""
+    spec = chart.to_dict()
+    (values,) = spec["datasets"].values()
+    return pl.DataFrame(values)
+
+
+@pytest.fixture
+def sweep() -> pl.DataFrame:
+    rows = [run("opt125m", b) for b in BATCHES]
+    rows += [run("opt1.3b", b, preemptions=12 if b == 256 else 0) for b in BATCHES[:-1]]
+    rows += [run("opt1.3b", 512, status="infeasible", reason="batch 512 needs 393216 KV-cache tokens, 250000 fit")]
+    rows += [run("opt1.3b", b, tp=2) for b in (1, 2, 4)]  # not on one GPU: left out of Figures 3, 4, 8
+    rows += [run("opt125m", 8, out=64, rate=10.0)]  # another workload: left out of the batch figures
+    return frame(rows)
+
+
+@pytest.fixture
+def families_summary() -> pl.DataFrame:
+    rows = [run(m, b) for m in ("opt6.7b", "llama7b", "gptj6b") for b in (1, 2, 4, 8)]
+    rows += [
+        run("mpt7b", b, status="infeasible", reason="server did not start: unsupported architecture") for b in (1, 2)
+    ]
+    return frame(rows)
+
+
+@pytest.fixture
+def outlen_summary() -> pl.DataFrame:
+    rows = []
+    for rate in (INF, 100.0, 10.0):
+        for out in (32, 64, 128, 256):
+            for b in (16, 32, 64):
+                fits = b * (512 + out) <= 64 * (512 + 128)
+                rows.append(run("opt6.7b", b, out=out, rate=rate, status="ok" if fits else "infeasible"))
+    return frame(rows)
+
+
+@pytest.fixture
+def replication() -> pl.DataFrame:
+    rows = []
+    for model, max_batch in (("opt125m", 512), ("opt1.3b", 256), ("opt2.7b", 128)):
+        family, params = MODELS[model]
+        for n in (1, 2, 3):
+            row = {
+                "model": model, "family": family, "params": params, "replicas": n, "batch_per_replica": max_batch // n,
+                "status": "ok", "reason": None, "gpu_model": GPU, "engine": "vllm", "engine_version": "0.26.0",
+                "input_len": 512, "output_len": 256, "n_ok": 500, "throughput_rps": 10.0 * n ** 0.5,
+                "latency_mean_s": 30.0 / n, "gpu_util_mean": 60.0 + 10 * n, "power_w_mean": 200.0 + 30 * n,
+                "sm_active_mean": 30.0 + n, "dram_bw_mean": 40.0 + n, "energy_per_token_j": 0.5 / n,
+            }  # fmt: skip
+            if model == "opt2.7b" and n == 3:
+                row.update({k: None for k in row if k not in ("model", "family", "params", "replicas", "gpu_model",
+                                                               "engine", "engine_version", "input_len", "output_len",
+                                                               "batch_per_replica")})  # fmt: skip
+                row.update(status="infeasible", reason="3 replicas: weights and KV cache exceed 12 GB each")
+            rows.append(row)
+    return frame(rows)
+
+
+@pytest.fixture
+def cpu_sweep() -> pl.DataFrame:
+    return frame([run("opt125m", b, out=16, gpu="CPU: Intel Xeon") for b in (1, 2, 4, 8)])
+
+
+@pytest.fixture
+def table() -> pl.DataFrame:
+    rows = [
+        ("opt125m", "125M", 0.25, 512, 512, 512, 512, 400000, 900000),
+        ("opt1.3b", "1.3B", 2.6, 256, 512, 256, 512, 110000, 230000),
+        ("opt2.7b", "2.7B", 5.4, 128, 256, 128, 256, 60000, 140000),
+        ("opt6.7b", "6.7B", 13.4, 64, 64, 64, 128, 45000, 120000),
+        ("opt13b", "13B", 26.0, 16, 16, None, 64, 12000, 60000),
+    ]
+    cols = ["model", "params", "weights_gb", "paper_max_batch", "analytic_max_batch", "measured_max_batch_budget",
+            "measured_max_batch_whole", "kv_tokens_budget", "kv_tokens_whole"]  # fmt: skip
+    df = pl.DataFrame(rows, schema=cols, orient="row")
+    return df.with_columns(budget_gb=pl.lit(36.0), gpu_model=pl.lit(GPU), engine=pl.lit("vllm"),
+                           engine_version=pl.lit("0.26.0"))  # fmt: skip
+
+
+def all_figures(sweep, families_summary, outlen_summary, replication) -> dict[str, tuple[Any, str]]:
+    inputs = {"sweep": sweep, "families": families_summary, "output_lengths": outlen_summary,
+              "replication": replication}  # fmt: skip
+    return {name: fn(inputs[figures.FIGURE_INPUTS[name]]) for name, fn in figures.FIGURES.items()}
+
+
+def test_registry() -> None:
+    assert set(figures.FIGURES) == set(figures.FIGURE_INPUTS) == {
+        "throughput_latency", "families", "output_lengths", "sm_metrics", "power", "replication_tradeoff",
+        "replication_gpu_util", "replication_power", "util_throughput", "dram_bandwidth", "energy_per_token",
+        "energy_per_token_replicas",
+    }  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    for name in figures.FIGURES:
+        assert (root / "report" / f"{name}.rst").read_text().strip(), name
+
+
+def test_display_names() -> None:
+    assert figures.display_name("opt1.3b") == "OPT-1.3B"
+    assert figures.display_name("gptj6b") == "GPT-J-6B"
+    assert figures.display_name("llama7b", "LLaMA", "7B") == "LLaMA-7B"
+    assert figures.display_name("weird") == "weird"
+
+
+def test_families_curves_and_not_served_model(families_summary: pl.DataFrame) -> None:
+    chart, cap = figures.families(families_summary)
+    spec = chart.to_dict()
+    points = spec["layer"][1]["encoding"]
+    assert points["x"]["field"] == "latency_mean_s" and points["y"]["field"] == "throughput_rps"
+    assert points["color"]["field"] == "model"
+    assert spec["layer"][2]["encoding"]["text"]["field"] == "batch_size"
+    data = dataset(chart)
+    assert sorted(set(data["model"])) == ["GPT-J-6B", "LLaMA-7B", "OPT-6.7B"]
+    assert data.filter(pl.col("model") == "LLaMA-7B")["batch_size"].to_list() == [1, 2, 4, 8]
+    assert points["color"]["sort"] == ["GPT-J-6B", "OPT-6.7B", "LLaMA-7B"]  # by size
+    assert "MPT-7B: not served: server did not start: unsupported architecture" in cap
+    assert "2 infeasible" in cap and GPU in cap and "vllm 0.26.0" in cap
+
+
+def test_families_missing_family_is_named() -> None:
+    chart, cap = figures.families(frame([run("opt6.7b", b) for b in (1, 2)]))
+    assert "LLaMA: no run in this summary" in cap and "GPT-J: no run" in cap
+    assert dataset(chart).height == 2
+
+
+def test_output_lengths_series_per_rate(outlen_summary: pl.DataFrame) -> None:
+    chart, cap = figures.output_lengths(outlen_summary)
+    spec = chart.to_dict()
+    json.dumps(spec, allow_nan=False)
+    enc = spec["layer"][1]["encoding"]
+    assert enc["color"]["field"] == "rate" and enc["color"]["sort"] == ["inf", "100", "10"]
+    assert spec["layer"][2]["encoding"]["text"]["field"] == "output_len"
+    assert spec["layer"][0]["encoding"]["order"]["field"] == "output_len"
+    data = dataset(chart)
+    assert "arrival_rate" not in data.columns
+    assert data.height == 12 and set(data["rate"]) == {"inf", "100", "10"}
+    inf = data.filter(pl.col("rate") == "inf").sort("output_len")
+    assert inf["output_len"].to_list() == [32, 64, 128, 256]
+    assert inf["batch_size"].to_list() == [64, 64, 64, 32]  # the largest batch that fits each output length
+    assert "Output length and arrival rate, OPT-6.7B" in spec["title"]
+    assert (
+        "Poisson" in cap
+        and "batch per output length: 32 tokens: 64, 64 tokens: 64, 128 tokens: 64, 256 tokens: 32" in cap
+    )
+
+
+def test_sm_metrics_panels(sweep: pl.DataFrame) -> None:
+    chart, cap = figures.sm_metrics(sweep)
+    spec = chart.to_dict()
+    assert [p["title"] for p in spec["hconcat"]] == ["SM activity", "SM occupancy"]
+    lines = spec["hconcat"][0]["layer"][0]
+    assert lines["encoding"]["x"]["field"] == "batch_size"
+    assert lines["encoding"]["x"]["scale"] == {"type": "log", "base": 2}
+    assert lines["encoding"]["x"]["axis"]["values"] == BATCHES
+    assert lines["encoding"]["y"]["field"] == "value" and lines["encoding"]["color"]["field"] == "model"
+    assert lines["encoding"]["strokeDash"]["field"] == "stat"
+    assert spec["hconcat"][1]["layer"][0]["transform"] == [{"filter": {"field": "panel", "equal": "SM occupancy"}}]
+    data = dataset(chart)
+    assert set(data["panel"]) == {"SM activity", "SM occupancy"} and set(data["stat"]) == {"mean", "max"}
+    # one GPU, the all-at-once 256-token workload, measured runs only: 10 + 9 batches per metric
+    assert data.filter((pl.col("panel") == "SM activity") & (pl.col("stat") == "max")).height == 19
+    opt125 = data.filter(
+        (pl.col("model") == "OPT-125M") & (pl.col("panel") == "SM activity") & (pl.col("stat") == "mean")
+    )
+    assert opt125.sort("batch_size")["value"].to_list() == pytest.approx([10 + i for i in range(10)])
+    assert "NVML" in cap and "1 runs of other workloads are left out" in cap and "1 infeasible" in cap
+
+
+def test_power_at_largest_batch_without_preemption(sweep: pl.DataFrame) -> None:
+    chart, cap = figures.power(sweep)
+    spec = chart.to_dict()
+    bars = spec["layer"][0]["encoding"]
+    assert bars["x"]["field"] == "model" and bars["y"]["field"] == "power_w_mean"
+    assert spec["layer"][1]["encoding"]["text"]["field"] == "label"
+    data = dataset(chart).sort("model")
+    assert data["model"].to_list() == ["OPT-1.3B", "OPT-125M"]
+    assert data["batch_size"].to_list() == [128, 512]  # bs 256 of OPT-1.3B preempted, 512 infeasible
+    assert data["label"].to_list() == ["bs 128", "bs 512"]
+    assert data["power_w_mean"].to_list() == pytest.approx([163.0, 151.25])
+    assert "OPT-1.3B: batch 128" in cap
+
+
+def test_util_throughput_panels(sweep: pl.DataFrame) -> None:
+    chart, _ = figures.util_throughput(sweep)
+    spec = chart.to_dict()
+    assert [p["layer"][0]["encoding"]["y"]["title"] for p in spec["hconcat"]] == [
+        "Average GPU utilisation (%)", "Throughput (requests/s)"
+    ]  # fmt: skip
+    assert "strokeDash" not in spec["hconcat"][0]["layer"][0]["encoding"]  # one statistic: no line styles
+    data = dataset(chart)
+    thr = data.filter((pl.col("panel") == "Throughput") & (pl.col("model") == "OPT-125M")).sort("batch_size")
+    assert thr["value"].to_list() == pytest.approx([b / 1.125 for b in BATCHES])
+
+
+def test_dram_and_energy_vs_batch(sweep: pl.DataFrame) -> None:
+    chart, cap = figures.dram_bandwidth(sweep)
+    spec = chart.to_dict()
+    assert spec["layer"][0]["encoding"]["x"]["scale"]["base"] == 2
+    data = dataset(chart)
+    assert set(data["stat"]) == {"mean", "max"} and set(data["panel"]) == {"DRAM bandwidth"}
+    assert data.filter((pl.col("stat") == "max") & (pl.col("batch_size") == 512))["value"].to_list() == [96.0]
+    assert "Mind the Memory Gap" in cap and "memory-bound" in cap
+    chart, cap = figures.energy_per_token(sweep)
+    assert chart.to_dict()["layer"][0]["encoding"]["y"]["scale"] == {"type": "log"}
+    data = dataset(chart).filter(pl.col("model") == "OPT-125M").sort("batch_size")
+    assert data["value"].to_list() == pytest.approx([1 / b for b in BATCHES])
+
+
+def test_replication_tradeoff(replication: pl.DataFrame) -> None:
+    chart, cap = figures.replication_tradeoff(replication)
+    spec = chart.to_dict()
+    assert spec["layer"][2]["encoding"]["text"]["field"] == "replicas"
+    assert spec["layer"][1]["encoding"]["color"]["sort"] == ["OPT-125M", "OPT-1.3B", "OPT-2.7B"]
+    data = dataset(chart)
+    assert data.height == 8
+    assert data.filter(pl.col("model") == "OPT-2.7B")["replicas"].to_list() == [1, 2]
+    assert "OPT-2.7B × 3 replicas: infeasible: 3 replicas" in cap
+    assert "Workload: prompt/output tokens: [512]/[256]; replicas: 1, 2, 3" in cap
+    assert "Requests per point: 500" in cap and "8 measured, 1 infeasible" in cap
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [("replication_gpu_util", "gpu_util_mean"), ("replication_power", "power_w_mean"),
+     ("energy_per_token_replicas", "energy_per_token_j")],
+)  # fmt: skip
+def test_replication_bars(replication: pl.DataFrame, name: str, field: str) -> None:
+    chart, cap = figures.FIGURES[name](replication)
+    enc = chart.to_dict()["layer"][0]["encoding"]
+    assert enc["x"]["field"] == "model" and enc["y"]["field"] == field
+    assert enc["xOffset"]["field"] == "replicas" and enc["color"]["field"] == "replicas"
+    data = dataset(chart)
+    assert data.columns == ["model", "replicas", field]
+    expected = replication.filter(pl.col("model") == "opt125m").sort("replicas")[field].to_list()
+    assert data.filter(pl.col("model") == "OPT-125M").sort("replicas")[field].to_list() == pytest.approx(expected)
+    assert "NVIDIA H100" in cap and "no GPU telemetry" not in cap
+
+
+def test_cpu_runs_have_no_telemetry_and_still_render(cpu_sweep: pl.DataFrame, tmp_path: Path) -> None:
+    for name in ("sm_metrics", "power", "dram_bandwidth", "energy_per_token", "util_throughput"):
+        chart, cap = figures.FIGURES[name](cpu_sweep)
+        assert "no GPU telemetry (CPU engine)" in cap, name
+        data = dataset(chart)
+        if name == "util_throughput":  # the throughput panel still has its points
+            assert set(data["panel"]) == {"Throughput"}
+        else:
+            assert data.height == 0
+    for name in ("power", "sm_metrics"):  # empty plots (log2 axis, no points) still render
+        chart, cap = figures.FIGURES[name](cpu_sweep)
+        png = figures.save(chart, cap, tmp_path / f"cpu_{name}")[0]
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_figure_saves_and_is_json_safe(
+    sweep: pl.DataFrame, families_summary: pl.DataFrame, outlen_summary: pl.DataFrame, replication: pl.DataFrame,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    for name, (chart, cap) in all_figures(sweep, families_summary, outlen_summary, replication).items():
+        json.dumps(chart.to_dict(), allow_nan=False)  # no inf/NaN in any spec
+        assert cap.startswith("**") and "Differs from the paper" in cap, name
+        out = figures.save(chart, cap, tmp_path / name)
+        assert out[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert out[3].read_text() == cap
+
+
+def test_table1(table: pl.DataFrame) -> None:
+    md = figures.table1_markdown(table, rule_note="A batch fits when all its requests run at once.")
+    lines = md.splitlines()
+    assert lines[0] == (
+        "| Model | Parameters | fp16 weights | paper (A100 40 GB) | analytic (36 GB) | measured (36 GB emulated) "
+        "| measured (whole GPU) |"
+    )
+    assert "| OPT-125M | 125M | 250 MB | 512 | 512 | 512 | 512 |" in lines
+    assert "| OPT-1.3B | 1.3B | 2.6 GB | 256 | 512 | 256 | 512 |" in lines
+    assert "| OPT-13B | 13B | 26.0 GB | 16 | 16 | – | 64 |" in lines
+    assert [ln.split(" | ")[0] for ln in lines[2:7]] == ["| OPT-125M", "| OPT-1.3B", "| OPT-2.7B", "| OPT-6.7B",
+                                                          "| OPT-13B"]  # fmt: skip
+    assert GPU in md and "vllm 0.26.0" in md and "36 GB" in md
+    assert md.rstrip().endswith("A batch fits when all its requests run at once.")
+    assert figures.RULE_NOTE_PLACEHOLDER in figures.table1_markdown(table)
+    csv = pl.read_csv(figures.table1_csv(table).encode())
+    assert csv.columns[3] == "paper (A100 40 GB)"
+    assert csv.filter(pl.col("Model") == "OPT-1.3B")["paper (A100 40 GB)"].to_list() == [256]

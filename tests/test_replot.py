@@ -1,0 +1,74 @@
+"""Re-plotting from committed results: no measuring job runs, whatever the files' modification times;
+and the paper's DAG refuses to start on a machine without GPUs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.conftest import ROOT, snakemake
+
+FIXTURES = ROOT / "tests/fixtures/results"
+MEASURING = ("rule sweep", "rule kv_probe", "rule replication", "rule output_lengths")
+
+
+@pytest.mark.skipif(not FIXTURES.exists(), reason="fixture results missing: run tests/fixtures/make_fixtures.sh")
+def test_replot_from_fixture_results_runs_no_measurement(tmp_path: Path) -> None:
+    out, fig = tmp_path / "results", tmp_path / "figs"
+    shutil.copytree(FIXTURES, out)
+    # A checkout gives arbitrary times: make every measured file look older than anything else.
+    old = time.time() - 10 * 86400
+    for path in out.rglob("*"):
+        if path.is_file():
+            os.utime(path, (old, old))
+    args = ["--configfile", "config/smoke.yaml", "--config", "replot=True", f"outdir={out}", f"figdir={fig}"]
+    proc = snakemake("all", "--cores", "1", *args, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert not [r for r in MEASURING if r in log]
+    for name in ("throughput_latency", "sm_metrics", "replication_tradeoff", "output_lengths", "families"):
+        assert (fig / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| opt125m" in (fig / "table1.md").read_text()
+    summary = pl.read_parquet(out / "summary/sweep.parquet")
+    assert summary["batch_size"].sort().to_list() == [1, 2, 4, 8] and (summary["throughput_rps"] > 0).all()
+    # nothing to do the second time
+    again = snakemake("all", "-n", "--cores", "1", *args)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    report = snakemake("all", "--cores", "1", *args, "--report", str(tmp_path / "report.html"), timeout=600)
+    assert report.returncode == 0, report.stderr[-3000:]
+    html = (tmp_path / "report.html").read_text(errors="replace")
+    assert "throughput_latency" in html and "table1" in html
+
+
+def test_replot_without_results_names_what_is_missing(tmp_path: Path) -> None:
+    proc = snakemake("all", "-n", "--cores", "1", "--config", "replot=True", f"outdir={tmp_path}")
+    assert proc.returncode != 0
+    assert "MissingInputException" in proc.stdout + proc.stderr
+
+
+def _gpus() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(_gpus(), reason="this machine has NVIDIA GPUs: the paper's DAG may run here")
+def test_paper_dag_without_gpu_stops_at_once(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    proc = snakemake("all", "--cores", "1", "--config", f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "no NVIDIA GPU visible" in text and "make demo" in text and "config/smoke.yaml" in text
+    assert "rule prepare_dataset" not in text  # no job ran
+    assert not (tmp_path / "results").exists()
+    assert time.monotonic() - t0 < 60
