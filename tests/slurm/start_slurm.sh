@@ -164,6 +164,9 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 ReturnToService=2
+# Trust this file's node description: slurmd drops GPUs that have no device file from what it
+# reports ("Removing file-less GPU"), which would otherwise mark the node INVALID.
+SlurmdParameters=config_overrides
 # Jobs stay visible to squeue/scontrol for 10 minutes after they end.
 MinJobAge=600
 # scancel: SIGTERM to every process of the job, SIGKILL KillWait seconds later.
