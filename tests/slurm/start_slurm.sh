@@ -15,6 +15,7 @@
 #              SLURM cannot set CUDA_VISIBLE_DEVICES for GPUs without device files; a job then sees no
 #              GPU and slmserve falls back to the CPU engine, which is what a CPU test machine can run.
 # Cluster "slmtest", partition "debug" (default), account "slmtest" (root is a member).
+# /etc/slurm/slurm.conf is made a link to $DIR/etc/slurm.conf (see below) where it does not exist.
 # Ports (non-standard, so a real SLURM on the host is not disturbed): 16817 slurmctld, 16818 slurmd,
 # 16819 slurmdbd, 16806 MariaDB. The node uses proctrack/linuxproc (no cgroup set-up needed): a job's
 # processes are found by parentage, so scancel signals the job's whole process tree.
@@ -184,9 +185,10 @@ JobCompType=jobcomp/none
 NodeName=$HOST $node_hw Gres=gpu:$NGPUS State=UNKNOWN
 PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
+mkdir -p "$DIR/dev"
+for i in $(seq 0 $((NGPUS - 1))); do mknod "$DIR/dev/fakegpu$i" c 1 3; done
 cat > "$DIR/etc/gres.conf" <<EOF
-# $NGPUS GPUs without device files: requests for them are accepted, nothing is bound to a device.
-NodeName=$HOST Name=gpu Count=$NGPUS
+NodeName=$HOST Name=gpu File=$DIR/dev/fakegpu[0-$((NGPUS - 1))]
 EOF
 cat > "$DIR/etc/slurmdbd.conf" <<EOF
 AuthType=auth/munge
@@ -204,6 +206,16 @@ StoragePass=slmserve-test
 StorageLoc=slurm_acct_db
 EOF
 chmod 600 "$DIR/etc/slurmdbd.conf"
+
+# The executor's job step runs `srun` with SLURM_* variables removed, SLURM_CONF included, so srun
+# inside a job reads the compiled-in /etc/slurm/slurm.conf: point that at this configuration (only
+# where no slurm.conf exists; stop_slurm.sh removes the link again).
+if [ -L /etc/slurm/slurm.conf ] || [ ! -e /etc/slurm/slurm.conf ]; then
+  mkdir -p /etc/slurm
+  ln -sfn "$DIR/etc/slurm.conf" /etc/slurm/slurm.conf
+else
+  cannot "/etc/slurm/slurm.conf exists: a SLURM is configured on this machine already"
+fi
 
 # ---------------------------------------------------------------------------- daemons
 slurmdbd || fail "slurmdbd did not start"

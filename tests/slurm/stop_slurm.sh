@@ -4,7 +4,7 @@
 #      slurmd, so jobs are ended first);
 #   2. stop slurmd, slurmctld, slurmdbd, mariadbd and munged, each by the pid it wrote under $DIR/run
 #      (checked against the process name, so a reused pid is never signalled), SIGTERM then SIGKILL;
-#   3. remove $DIR (kept with SLMSERVE_SLURM_KEEP=1, e.g. to read its logs).
+#   3. remove the /etc/slurm/slurm.conf link start_slurm.sh made, and $DIR (kept with SLMSERVE_SLURM_KEEP=1, e.g. to read its logs).
 # Installed packages are left installed.
 set -uo pipefail
 
@@ -53,6 +53,11 @@ stop_daemon() {  # stop_daemon NAME: the pid in $DIR/run/NAME.pid, if it is stil
 for d in slurmd slurmctld slurmdbd mariadbd munged; do
   stop_daemon "$d"
 done
+
+# The link start_slurm.sh made, if it is still ours.
+if [ -L /etc/slurm/slurm.conf ] && [ "$(readlink /etc/slurm/slurm.conf)" = "$DIR/etc/slurm.conf" ]; then
+  rm -f /etc/slurm/slurm.conf
+fi
 
 if [ "${SLMSERVE_SLURM_KEEP:-0}" = 1 ]; then
   say "stopped; kept $DIR"
