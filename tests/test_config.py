@@ -208,3 +208,14 @@ def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:
     out = snakemake("all", "-n", "--cores", "1", "--configfile", str(tmp_path / "bad.yaml"))
     assert out.returncode != 0
     assert "unknown model 'opt-125m'" in out.stdout + out.stderr
+
+
+def test_dry_run_quick_profile() -> None:
+    out = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", "config/quick.yaml")
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    # one server per model for the sweep (client batch control), Table 1 probes, 3 models x 1-3 replicas
+    assert counts["sweep"] == 3 and counts["kv_probe"] == 6 and counts["replication"] == 9
+    assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 10
+    assert "figure_families" not in counts and "figure_output_lengths" not in counts
+    assert counts["total"] == 33

@@ -231,6 +231,14 @@ def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None, te
         why = "batch does not fit the KV cache" if "batch_size" in cols else "does not fit the GPU memory"
         runs = f"- Runs: {ok.height} measured, {infeasible} infeasible ({why})"
         lines.append(runs + (f", {failed} failed" if failed else ""))
+    if "batch_control" in cols and "client" in _values(summary, "batch_control"):
+        lines.append(
+            "- Batch held by a client-side concurrency limit on one server per model (batch_control: client), "
+            "not by restarting vLLM with --max-num-seqs = batch as the paper did; on an H100 this measured "
+            "7-20% lower throughput at batch 8."
+        )
+    if "n_ok" in cols and len(_values(ok, "n_ok")) > 1:
+        lines.append("- Small batches measured fewer requests (workload.rounds_per_batch), as listed above.")
     lines += [f"- {n}" for n in _not_served(summary)]
     lines += [f"- {n}" for n in _telemetry_note(summary, telemetry)]
     lines.append(f"- Differs from {PAPER}: engine version, GPU, random weights.")
