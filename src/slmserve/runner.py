@@ -192,6 +192,7 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
         write_infeasible(job, batch, alloc, reason, srv.info())
         return
     n = requests_for(job, batch)
+    at_once = min(n, batch) if job.batch_control == "client" else n
     spec = LoadSpec(
         base_url=srv.base_url,
         model=job.model,
@@ -205,9 +206,10 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
         # Warm up with one full round at this batch (at least warmup_requests): a fresh server runs its
         # first large batch measurably slower (seen on an H100 with OPT-125m at batch 512).
         warmup=max(job.warmup_requests, min(batch, n)),
-        # All-at-once: the client must put the whole batch in flight before the server can answer;
-        # starting a request costs ~0.1-0.2 ms of client CPU, so allow ~0.5 ms per request sent at t0.
-        lag_threshold_s=0.010 if math.isfinite(job.arrival_rate) else max(0.010, 0.0005 * min(n, batch)),
+        # All-at-once: the client puts every request it may send at t0 in flight (the whole workload under
+        # server batch control, one batch under client control); starting one costs ~0.1-0.2 ms of client
+        # CPU, so allow ~0.5 ms per request sent at t0.
+        lag_threshold_s=0.010 if math.isfinite(job.arrival_rate) else max(0.010, 0.0005 * at_once),
     )
     before = srv.counters()
     sampler = telemetry.Sampler(alloc.nvml_indices, job.telemetry_interval_s)
