@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from slmserve import analysis, replication, runner
 
-MODELS = {"opt125m": "config/models/opt-125m", "opt1.3b": "config/models/opt-1.3b"}
+MODELS = {m: f"config/models/{m[:3]}-{m[3:]}" for m in ("opt125m", "opt1.3b", "opt2.7b", "opt6.7b", "opt13b")}
 
 
 def job(model: str, prompts: Path, out: Path, batches: list[int], tag: str) -> runner.SweepJob:
@@ -41,6 +41,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--probes-only", nargs="*", default=None, help="only the capacity probes of these models")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     pl.Config.set_tbl_cols(20)
@@ -58,6 +59,11 @@ def main() -> int:
                     "max_batch_no_preemption", "status", "reason")  # fmt: skip
             print(name, json.dumps({k: probes[name][k] for k in keys}), flush=True)
 
+    if args.probes_only:
+        for model in args.probes_only:
+            probe(model)
+        print("timings", round(time.monotonic() - t0, 1))
+        return 0
     probe("opt125m")
     t["probes"] = time.monotonic() - t0
 
