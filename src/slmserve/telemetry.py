@@ -106,6 +106,11 @@ class _Gpu:
         self.gpm_primed = False
 
 
+def _bare_row(t_mono: float, t_wall: float, gpu: int | None, cpu: float | None) -> tuple:
+    """A sample without NVML data: timestamps, the GPU index (None for host rows), CPU utilisation."""
+    return (t_mono, t_wall, gpu, *([None] * 9), cpu, False, False)
+
+
 class Sampler:
     """Sample GPU (NVML + GPM) and host CPU telemetry in a background thread.
 
@@ -346,25 +351,7 @@ class Sampler:
         cpu = self._cpu_percent()
         rows = self._rows
         if not self._gpus:
-            rows.append(
-                (
-                    t_mono,
-                    t_wall,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    cpu,
-                    False,
-                    False,
-                )
-            )
+            rows.append(_bare_row(t_mono, t_wall, None, cpu))
             return
         nv = self._nv
         call = self._call
@@ -373,25 +360,7 @@ class Sampler:
         for g in self._gpus:
             h = g.handle
             if h is None:
-                rows.append(
-                    (
-                        t_mono,
-                        t_wall,
-                        g.index,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        cpu,
-                        False,
-                        False,
-                    )
-                )
+                rows.append(_bare_row(t_mono, t_wall, g.index, cpu))
                 continue
             gpm, gpm_ok = self._gpm_read(g) if g.gpm_prev is not None else (_NO_GPM, False)
             util = call(g, "gpu_util_pct", nv.nvmlDeviceGetUtilizationRates, h)
