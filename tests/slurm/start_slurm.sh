@@ -5,17 +5,20 @@
 #   export SLURM_CONF=/tmp/slmserve-slurm/etc/slurm.conf    # what the script prints at the end
 #   tests/slurm/stop_slurm.sh       # cancels the jobs, stops every daemon it started, removes the folder
 #
-# What runs (all as root, all from Debian's packages, nothing in /etc touched):
+# What runs (all as root, all from Debian's packages; configuration and state under $DIR):
 #   munged     own key and socket under $DIR/munge (SLURM's AuthInfo points there);
 #   mariadbd   own data folder under $DIR/mysql, on 127.0.0.1 only: the accounting database;
-#   slurmdbd   accounting, so that `sacct` works: the executor plugin's default job status command;
+#   slurmdbd   accounting: sacct (SLURM's records of every job) and sacctmgr (accounts, which the
+#              executor plugin checks before it submits);
 #   slurmctld, slurmd   one node named after this host, CPUs and memory as `slurmd -C` reports them,
-#              and $SLMSERVE_SLURM_GPUS (default 4) GPUs declared as `Gres=gpu:N` with no device files
-#              (gres.conf has no File=), so `--gpus=k` requests are accepted on a CPU-only machine.
-#              SLURM cannot set CUDA_VISIBLE_DEVICES for GPUs without device files; a job then sees no
-#              GPU and slmserve falls back to the CPU engine, which is what a CPU test machine can run.
+#              and $SLMSERVE_SLURM_GPUS (default 4) GPUs `Gres=gpu:N` that do not exist: their "device
+#              files" are character devices 1:3 (what /dev/null is) under $DIR/dev, so `--gpus=k`
+#              requests are accepted on a CPU-only machine and SLURM sets CUDA_VISIBLE_DEVICES to the
+#              GPU indices it allocates, as on a real GPU node. (SLURM 22.05 drops GPUs declared with
+#              no File= at all: "Removing file-less GPU", node INVALID.) The jobs run the CPU engine.
 # Cluster "slmtest", partition "debug" (default), account "slmtest" (root is a member).
-# /etc/slurm/slurm.conf is made a link to $DIR/etc/slurm.conf (see below) where it does not exist.
+# Outside $DIR: /etc/slurm/slurm.conf becomes a link to $DIR/etc/slurm.conf (where no slurm.conf
+# exists; see below), and /usr/sbin/policy-rc.d exists only while packages are being installed.
 # Ports (non-standard, so a real SLURM on the host is not disturbed): 16817 slurmctld, 16818 slurmd,
 # 16819 slurmdbd, 16806 MariaDB. The node uses proctrack/linuxproc (no cgroup set-up needed): a job's
 # processes are found by parentage, so scancel signals the job's whole process tree.
@@ -27,6 +30,7 @@ set -euo pipefail
 
 DIR=${SLMSERVE_SLURM_DIR:-/tmp/slmserve-slurm}
 NGPUS=${SLMSERVE_SLURM_GPUS:-4}
+[[ $NGPUS =~ ^[1-9][0-9]?$ ]] || { echo "start_slurm: SLMSERVE_SLURM_GPUS must be 1-99, not '$NGPUS'" >&2; exit 1; }
 CLUSTER=slmtest
 PARTITION=debug
 ACCOUNT=slmtest
@@ -43,7 +47,7 @@ tails() {
   for f in "$DIR"/log/*.log; do
     [ -f "$f" ] || continue
     echo "----- tail of $f" >&2
-    tail -n 25 "$f" >&2
+    tail -n 12 "$f" >&2
   done
 }
 fail() { say "FAILED: $*"; tails; exit 1; }
@@ -106,6 +110,10 @@ for port in $PORT_CTLD $PORT_SLURMD $PORT_DBD $PORT_DB; do
     cannot "port $port is in use by another program"
   fi
 done
+# srun inside a job needs /etc/slurm/slurm.conf (made a link below): refuse a machine with its own.
+if [ -e /etc/slurm/slurm.conf ] && [ ! -L /etc/slurm/slurm.conf ]; then
+  cannot "/etc/slurm/slurm.conf exists: a SLURM is configured on this machine already"
+fi
 rm -rf "$DIR"
 mkdir -p "$DIR"/{etc,log,run,state,spool,munge,mysql}
 chmod 755 "$DIR"
@@ -142,7 +150,7 @@ node_hw=$(slurmd -C | head -n1 | sed -e 's/^NodeName=[^ ]* //')
 cat > "$DIR/etc/slurm.conf" <<EOF
 # Written by tests/slurm/start_slurm.sh: a one-node test cluster; removed by stop_slurm.sh.
 ClusterName=$CLUSTER
-SlurmctldHost=$HOST
+SlurmctldHost=$HOST(127.0.0.1)
 SlurmctldPort=$PORT_CTLD
 SlurmdPort=$PORT_SLURMD
 SlurmUser=root
@@ -165,28 +173,38 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 ReturnToService=2
-# Trust this file's node description: slurmd drops GPUs that have no device file from what it
-# reports ("Removing file-less GPU"), which would otherwise mark the node INVALID.
-SlurmdParameters=config_overrides
 # Jobs stay visible to squeue/scontrol for 10 minutes after they end.
 MinJobAge=600
 # scancel: SIGTERM to every process of the job, SIGKILL KillWait seconds later.
 KillWait=30
 GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=$HOST
+AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$PORT_DBD
 # With MUNGE, the socket used to talk to slurmdbd (AuthInfo covers the rest).
 AccountingStoragePass=$MUNGE_SOCKET
 AccountingStorageEnforce=associations
 AccountingStorageTRES=gres/gpu
+# Keep sbatch --comment in the accounting records (the executor puts the rule name there).
+AccountingStoreFlags=job_comment
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-NodeName=$HOST $node_hw Gres=gpu:$NGPUS State=UNKNOWN
+NodeName=$HOST NodeAddr=127.0.0.1 $node_hw Gres=gpu:$NGPUS State=UNKNOWN
 PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
+# The GPUs' "device files": character devices 1:3 (what /dev/null is), so slurmd accepts them and
+# sets CUDA_VISIBLE_DEVICES to the indices it allocates. SLURM 22.05 drops GPUs declared without
+# File= ("Removing file-less GPU"), and with plain files it sets no CUDA_VISIBLE_DEVICES; plain files
+# are the fallback where mknod is not allowed (then jobs see no GPU: the CPU engine's pool is empty).
 mkdir -p "$DIR/dev"
-for i in $(seq 0 $((NGPUS - 1))); do mknod "$DIR/dev/fakegpu$i" c 1 3; done
+gpu_files=devices
+for i in $(seq 0 $((NGPUS - 1))); do
+  if ! mknod "$DIR/dev/fakegpu$i" c 1 3 2>/dev/null; then
+    gpu_files=plain
+    : > "$DIR/dev/fakegpu$i"
+  fi
+done
+echo "$gpu_files" > "$DIR/etc/fake-gpu-files"
 cat > "$DIR/etc/gres.conf" <<EOF
 NodeName=$HOST Name=gpu File=$DIR/dev/fakegpu[0-$((NGPUS - 1))]
 EOF
@@ -194,6 +212,7 @@ cat > "$DIR/etc/slurmdbd.conf" <<EOF
 AuthType=auth/munge
 AuthInfo=socket=$MUNGE_SOCKET
 DbdHost=$HOST
+DbdAddr=127.0.0.1
 DbdPort=$PORT_DBD
 SlurmUser=root
 LogFile=$DIR/log/slurmdbd.log
@@ -210,12 +229,8 @@ chmod 600 "$DIR/etc/slurmdbd.conf"
 # The executor's job step runs `srun` with SLURM_* variables removed, SLURM_CONF included, so srun
 # inside a job reads the compiled-in /etc/slurm/slurm.conf: point that at this configuration (only
 # where no slurm.conf exists; stop_slurm.sh removes the link again).
-if [ -L /etc/slurm/slurm.conf ] || [ ! -e /etc/slurm/slurm.conf ]; then
-  mkdir -p /etc/slurm
-  ln -sfn "$DIR/etc/slurm.conf" /etc/slurm/slurm.conf
-else
-  cannot "/etc/slurm/slurm.conf exists: a SLURM is configured on this machine already"
-fi
+mkdir -p /etc/slurm
+ln -sfn "$DIR/etc/slurm.conf" /etc/slurm/slurm.conf
 
 # ---------------------------------------------------------------------------- daemons
 slurmdbd || fail "slurmdbd did not start"

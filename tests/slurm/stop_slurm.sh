@@ -63,5 +63,6 @@ if [ "${SLMSERVE_SLURM_KEEP:-0}" = 1 ]; then
   say "stopped; kept $DIR"
 else
   rm -rf "$DIR"
+  rm -f "$DIR.apt.log" "$DIR.apt-update.log"
   say "stopped; removed $DIR"
 fi
