@@ -202,7 +202,8 @@ def test_server_killed_mid_run_fails_fast_and_rerun_succeeds(tmp_path: Path, pro
     proc, log, _ = start_job(tmp_path, prompts)
     wait_for("server up", log, proc)
     time.sleep(3)  # inside the measured run (16 requests x 64 tokens at batch 1 take ~15 s here)
-    leader = psutil.Process(proc.pid).children()[0]
+    leader = next(c for c in psutil.Process(proc.pid).children() if "vllm.entrypoints" in " ".join(c.cmdline()))
+    assert os.getpgid(leader.pid) == leader.pid != os.getpgid(proc.pid)  # the server leads its own group
     os.killpg(leader.pid, signal.SIGKILL)
     t_kill = time.monotonic()
     rc = proc.wait(timeout=60)
