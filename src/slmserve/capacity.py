@@ -105,8 +105,11 @@ def table1_frame(
     """Table 1 from the capacity probes (``capacity/{model}-{whole,<budget>gb}.json``)."""
     import polars as pl
 
-    probes_whole = {json.loads(Path(p).read_text())["model"]: json.loads(Path(p).read_text()) for p in whole}
-    probes_budget = {json.loads(Path(p).read_text())["model"]: json.loads(Path(p).read_text()) for p in budget}
+    def by_model(paths: list[str]) -> dict[str, dict[str, Any]]:
+        probes = [json.loads(Path(p).read_text()) for p in paths]
+        return {probe["model"]: probe for probe in probes}
+
+    probes_whole, probes_budget = by_model(whole), by_model(budget)
     rows = []
     for model, probe in probes_whole.items():
         cfg = load_config(models[model].get("config"))

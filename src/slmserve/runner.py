@@ -25,7 +25,7 @@ import polars as pl
 
 from slmserve import capacity, io, provenance, telemetry
 from slmserve.gpuslots import Allocation, GpuSlots
-from slmserve.loadgen import LoadResult, LoadSpec, result_meta, run_load_async, to_frame
+from slmserve.loadgen import FRAME_SCHEMA, LoadResult, LoadSpec, result_meta, run_load_async, to_frame
 from slmserve.server import (
     InfeasibleError,
     ServerError,
@@ -152,8 +152,7 @@ async def _guarded_load(spec: LoadSpec, alive: Callable[[], bool], poll_s: float
             return task.result()
         if not alive():
             task.cancel()
-            with_exc = await asyncio.gather(task, return_exceptions=True)
-            del with_exc
+            await asyncio.gather(task, return_exceptions=True)  # let the cancellation finish
             raise ServerError("the vLLM server died during the measured run")
 
 
@@ -175,12 +174,7 @@ def write_infeasible(job: SweepJob, batch: int, alloc: Allocation, reason: str, 
 
 def to_frame_empty() -> pl.DataFrame:
     """The requests schema with no rows (an infeasible run)."""
-    return to_frame(
-        LoadResult(
-            records=[], t0_mono=0.0, t0_wall=0.0, peak_inflight=0, lag_p50_s=0.0, lag_p99_s=0.0,
-            lag_max_s=0.0, lag_ok=True, inflight_ok=True, n_ok=0, n_error=0, duration_s=0.0, warmup_done=0,
-        )
-    )  # fmt: skip
+    return pl.DataFrame(schema=FRAME_SCHEMA)
 
 
 def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, prompts: pl.DataFrame) -> None:
