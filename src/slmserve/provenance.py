@@ -31,12 +31,14 @@ def engine_info() -> dict[str, Any]:
 
 
 def git_sha(repo: str | os.PathLike[str] | None = None) -> str | None:
+    """The checkout's commit (``-dirty`` if tracked files changed); for a copy without ``.git`` (an
+    exported tree on a GPU host), the value of ``SLMSERVE_GIT_SHA`` if set, else None."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
         )
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("SLMSERVE_GIT_SHA") or None
     sha = out.stdout.strip()
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True

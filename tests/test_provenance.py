@@ -1,0 +1,32 @@
+"""Provenance: the commit a result was made from, also from a copy of the tree without .git."""
+
+import subprocess
+
+from slmserve import provenance
+
+
+def test_git_sha_of_a_checkout_is_its_head(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "f").write_text("1")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert provenance.git_sha(repo) == head
+    (repo / "f").write_text("2")
+    assert provenance.git_sha(repo) == head + "-dirty"
+
+
+def test_git_sha_of_an_exported_tree_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLMSERVE_GIT_SHA", raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    assert provenance.git_sha(tmp_path) is None
+    monkeypatch.setenv("SLMSERVE_GIT_SHA", "0123abc")
+    assert provenance.git_sha(tmp_path) == "0123abc"
+
+
+def test_config_hash_ignores_key_order_and_sees_values():
+    assert provenance.config_hash({"a": 1, "b": [1, 2]}) == provenance.config_hash({"b": [1, 2], "a": 1})
+    assert provenance.config_hash({"a": 1}) != provenance.config_hash({"a": 2})
