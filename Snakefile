@@ -37,7 +37,9 @@ wildcard_constraints:
 include: "rules/dataset.smk"
 
 
-if not config["replot"]:  # re-plotting leaves every measuring rule out: results are inputs then
+if config["replot"]:  # re-plotting leaves every measuring rule out: results are inputs then
+    check_replot()
+else:
 
     include: "rules/capacity.smk"
     include: "rules/measure.smk"

@@ -65,6 +65,19 @@ def experiment_runs(experiment):
     raise ValueError(f"unknown experiment {experiment!r}")
 
 
+def measured(files):
+    """What a summary or table is made of: every planned file, or with replot=True only those already
+    there (the rest appear as "not measured yet" in the summary and the captions)."""
+    return [f for f in files if Path(f).exists()] if config["replot"] else list(files)
+
+
+def prompts_unless_done(results):
+    """The prompts as input of a measuring job, or nothing once all its ``results`` are there: prompts
+    rebuilt later (a fresh clone does not carry them) must not re-run finished measurements, and ancient()
+    ignores file times, not an upstream job that runs."""
+    return [] if all(Path(f).exists() for f in results) else [PROMPTS]
+
+
 def experiments():
     """Experiments with at least one run in this configuration."""
     return [e for e in ("sweep", "families", "output_lengths", "replication") if experiment_runs(e)]
@@ -113,7 +126,10 @@ def figure_files(name):
 
 
 def all_targets():
-    targets = [f"{OUT}/summary/{e}.parquet" for e in experiments()]
+    # The measured files are targets themselves: a summary re-plotted from an unfinished campaign
+    # (replot=True) must not hide the runs still missing from a later measuring `snakemake all`.
+    targets = [] if config["replot"] else planned_measurements()
+    targets += [f"{OUT}/summary/{e}.parquet" for e in experiments()]
     targets += [f for name in figures() for f in figure_files(name)]
     if EXP["table1"]["models"]:
         targets += [f"{FIG}/table1.csv", f"{FIG}/table1.md"]
@@ -125,11 +141,32 @@ def demo_targets():
     return [f"{OUT}/summary/sweep.parquet", *figure_files("throughput_latency")]
 
 
-def missing_measurements():
-    """Measured files the targets need that are not there yet."""
+def planned_measurements():
+    """Every measured file the targets need (runs, replication runs, capacity probes)."""
     files = [f for e in experiments() for f in experiment_runs(e)]
     files += capacity_files("whole") + (capacity_files(f"{BUDGET:g}gb") if BUDGET else [])
-    return [f for f in files if not Path(f).exists()]
+    return list(dict.fromkeys(files))  # a family model may also be a sweep model
+
+
+def missing_measurements():
+    """Measured files the targets need that are not there yet."""
+    return [f for f in planned_measurements() if not Path(f).exists()]
+
+
+def check_replot():
+    """replot=True draws what is there: stop if nothing of this configuration is, warn about the rest."""
+    planned, missing = planned_measurements(), missing_measurements()
+    if planned and len(missing) == len(planned):
+        raise WorkflowError(
+            f"replot: none of the {len(planned)} measured results of this configuration is under {OUT}/ "
+            f"(e.g. {missing[0]}): nothing to plot. Set outdir (and the configfile) to where the results are, "
+            "or run the measurements first."
+        )
+    if missing:
+        logger.warning(
+            f"replot: {len(missing)} of {len(planned)} measured results are not there yet (e.g. {missing[0]}); "
+            "the figures and Table 1 show the rest, and their captions count and name what is missing."
+        )
 
 
 def gpus_visible():

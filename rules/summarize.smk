@@ -6,11 +6,12 @@
 rule summarize:
     localrule: True
     input:
-        runs=lambda w: experiment_runs(w.experiment),
+        runs=lambda w: measured(experiment_runs(w.experiment)),
     output:
         f"{OUT}/summary/{{experiment}}.parquet",
     params:
         models=config["models"],
+        planned=lambda w: experiment_runs(w.experiment),
     log:
         f"{LOGS}/summary/{{experiment}}.log",
     conda:

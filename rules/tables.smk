@@ -4,13 +4,14 @@
 rule table1:
     localrule: True
     input:
-        whole=ancient(capacity_files("whole")),
-        budget=ancient(capacity_files(f"{BUDGET:g}gb") if BUDGET else []),
+        whole=ancient(measured(capacity_files("whole"))),
+        budget=ancient(measured(capacity_files(f"{BUDGET:g}gb") if BUDGET else [])),
     output:
         csv=report(f"{FIG}/table1.csv", caption="../report/table1.rst", category="Table 1"),
         md=f"{FIG}/table1.md",
     params:
         models=config["models"],
+        planned=EXP["table1"]["models"],
         budget_gb=BUDGET,
         workload=WL,
     log:

@@ -108,3 +108,40 @@ def test_throughput_latency_figure_plots_runs(tmp_path: Path) -> None:
     assert out[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in out[1].read_text() and "vega" in out[2].read_text()
     json.dumps(spec)  # the spec is valid JSON (no inf/NaN)
+
+
+def test_planned_rows_read_their_keys_from_the_result_paths() -> None:
+    models = {"opt1.3b": {"family": "OPT", "params": "1.3B"}}
+    run = analysis.planned_row("results/quick/runs/opt1.3b/tp2-out256-rateinf/bs64.requests.parquet", models)
+    assert (run["model"], run["tp"], run["output_len"], run["batch_size"]) == ("opt1.3b", 2, 256, 64)
+    assert run["arrival_rate"] == float("inf") and run["status"] == analysis.NOT_MEASURED
+    assert (run["family"], run["params"]) == ("OPT", "1.3B")
+    point = analysis.planned_row("/abs/results/points/opt6.7b/tp1-out32-rate10.requests.parquet")
+    assert (point["model"], point["output_len"], point["arrival_rate"]) == ("opt6.7b", 32, 10.0)
+    assert "batch_size" not in point
+    rep = analysis.planned_row("results/replication/opt2.7b_r3.parquet")
+    assert (rep["model"], rep["replicas"]) == ("opt2.7b", 3)
+    with pytest.raises(ValueError, match="not a result path"):
+        analysis.planned_row("results/summary/sweep.parquet")
+
+
+def test_not_measured_runs_are_counted_in_captions_and_left_out_of_plots(tmp_path: Path) -> None:
+    measured = [write_run(tmp_path, 8)]
+    summary = analysis.with_not_measured(
+        analysis.summarize_runs(measured),
+        [
+            "r/runs/opt125m/tp1-out256-rateinf/bs16.requests.parquet",
+            "r/runs/opt1.3b/tp1-out256-rateinf/bs8.requests.parquet",
+        ],
+    )
+    assert summary.height == 3
+    assert summary.filter(pl.col("status") == analysis.NOT_MEASURED)["batch_size"].sort().to_list() == [8, 16]
+    chart, caption = figures.throughput_latency(summary)
+    assert "1 measured" in caption and "2 planned but not measured yet" in caption
+    assert "OPT-1.3B: not measured yet" in caption
+    data = pl.DataFrame(next(iter(chart.to_dict()["datasets"].values())))
+    assert data["batch_size"].to_list() == [8]
+    # nothing measured at all: the planned rows alone
+    only = analysis.with_not_measured(analysis.summarize_runs([]), ["r/replication/opt125m_r2.parquet"])
+    assert only.select("model", "replicas", "status").row(0) == ("opt125m", 2, analysis.NOT_MEASURED)
+    assert analysis.with_not_measured(summary, []) is summary

@@ -98,3 +98,21 @@ def test_every_figure_from_the_committed_smoke_results() -> None:
     assert plotted["batch_size"].to_list() == [1, 2, 4, 8]
     assert plotted["throughput_rps"].to_list() == pytest.approx(sweep.sort("batch_size")["throughput_rps"].to_list())
     assert plotted["latency_mean_s"].to_list() == pytest.approx(sweep.sort("batch_size")["latency_mean_s"].to_list())
+
+
+def test_table1_keeps_a_planned_model_without_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = tmp_path / "opt125m-whole.json"
+    probe.write_text(json.dumps({"model": "opt125m", "kv_cache_tokens": 2_056_000, "max_batch_admission": 512,
+                                 "provenance": {"gpu_models": ["NVIDIA H100 80GB HBM3"], "engine": "vllm",
+                                                "engine_version": "0.26.0"}}))  # fmt: skip
+    models = {m: {"config": f"config/models/{OPT[m]}", "params": m[3:].upper()} for m in ("opt125m", "opt13b")}
+    monkeypatch.chdir(ROOT)
+    frame = capacity.table1_frame([str(probe)], [], models, 36, {"input_len": 512, "output_len": 256},
+                                  planned=["opt125m", "opt13b"])  # fmt: skip
+    assert frame["model"].to_list() == ["opt125m", "opt13b"]
+    big = frame.filter(pl.col("model") == "opt13b").row(0, named=True)
+    assert (big["paper_max_batch"], big["analytic_max_batch"]) == (16, 16)
+    assert big["measured_max_batch_whole"] is None and big["gpu_model"] is None
+    table = figures.table1(frame)
+    assert table.filter(pl.col("Model") == "OPT-13B")["measured (whole GPU)"].item() == "–"
+    assert "NVIDIA H100 80GB HBM3" in figures.table1_markdown(frame)

@@ -46,10 +46,33 @@ def test_replot_from_fixture_results_runs_no_measurement(tmp_path: Path) -> None
     assert "throughput_latency" in html and "table1" in html
 
 
-def test_replot_without_results_names_what_is_missing(tmp_path: Path) -> None:
+@pytest.mark.skipif(not FIXTURES.exists(), reason="fixture results missing: run tests/fixtures/make_fixtures.sh")
+def test_replot_of_an_unfinished_campaign_draws_what_is_there_and_names_the_rest(tmp_path: Path) -> None:
+    out, fig = tmp_path / "results", tmp_path / "figs"
+    shutil.copytree(FIXTURES, out)
+    run = "runs/opt125m/tp1-out16-rateinf/bs8"
+    for gone in (f"{run}.requests.parquet", f"{run}.telemetry.parquet", "replication/opt125m_r2.parquet",
+                 "replication/opt125m_r2.telemetry.parquet"):  # fmt: skip
+        (out / gone).unlink()
+    args = ["--configfile", "config/smoke.yaml", "--config", "replot=True", f"outdir={out}", f"figdir={fig}"]
+    proc = snakemake("all", "--cores", "1", *args, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert not [r for r in MEASURING if r in log]
+    assert "replot: 2 of 11 measured results are not there yet" in log
+    summary = pl.read_parquet(out / "summary/sweep.parquet").sort("batch_size")
+    assert summary["status"].to_list() == ["ok", "ok", "ok", "not_measured"]
+    caption = (fig / "throughput_latency.caption.md").read_text()
+    assert "3 measured" in caption and "1 planned but not measured yet (no result file)" in caption
+    assert "OPT-125M × 2 replicas: not measured yet" in (fig / "replication_tradeoff.caption.md").read_text()
+
+
+def test_replot_without_results_says_there_is_nothing_to_plot(tmp_path: Path) -> None:
     proc = snakemake("all", "-n", "--cores", "1", "--config", "replot=True", f"outdir={tmp_path}")
     assert proc.returncode != 0
-    assert "MissingInputException" in proc.stdout + proc.stderr
+    text = proc.stdout + proc.stderr
+    assert f"none of the 211 measured results of this configuration is under {tmp_path}/" in text
+    assert "nothing to plot" in text
 
 
 def _gpus() -> bool:

@@ -8,8 +8,10 @@ latency = mean end-to-end time from each request's scheduled arrival.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,16 @@ from slmserve import io, provenance, telemetry
 
 # A run whose load generator used more than this share of one core may have been client-bound.
 CLIENT_CPU_LIMIT = 0.9
+# Status of a planned run that has no result file (re-plotting a campaign that is not finished).
+NOT_MEASURED = "not_measured"
+_PLANNED = (  # result paths of the workflow's measuring rules (rules/common.smk)
+    re.compile(r"(?:^|/)runs/(?P<model>[^/]+)/tp(?P<tp>\d+)-out(?P<output_len>\d+)-rate(?P<rate>[^/]+)/"
+               r"bs(?P<batch_size>\d+)\.requests\.parquet$"),
+    re.compile(r"(?:^|/)points/(?P<model>[^/]+)/tp(?P<tp>\d+)-out(?P<output_len>\d+)-rate(?P<rate>[^/]+)"
+               r"\.requests\.parquet$"),
+    re.compile(r"(?:^|/)replication/(?P<model>[^/]+)_r(?P<replicas>\d+)\.parquet$"),
+)  # fmt: skip
+_SORT = ("model", "tp", "output_len", "arrival_rate", "batch_size", "replicas")
 
 
 def telemetry_path(requests_path: str | os.PathLike[str]) -> Path:
@@ -119,7 +131,42 @@ def summarize_run(requests_path: str | os.PathLike[str], models: Mapping[str, An
 
 def summarize_runs(paths: Iterable[str | os.PathLike[str]], models: Mapping[str, Any] | None = None) -> pl.DataFrame:
     rows = [summarize_run(p, models) for p in paths]
+    if not rows:
+        return pl.DataFrame()
     return pl.DataFrame(rows, infer_schema_length=None).sort(["model", "tp", "output_len", "batch_size"])
+
+
+def planned_row(path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The summary row of a planned run without a result file, its keys read from the path (status
+    ``not_measured``): captions count and name it, figures leave it out."""
+    text = str(path)
+    for pattern in _PLANNED:
+        if m := pattern.search(text):
+            break
+    else:
+        raise ValueError(f"{text}: not a result path of the workflow (runs/, points/ or replication/)")
+    key = m.groupdict()
+    entry = (models or {}).get(key["model"], {})
+    row: dict[str, Any] = {"model": key["model"], "family": entry.get("family"), "params": entry.get("params")}
+    for col in ("tp", "output_len", "batch_size", "replicas"):
+        if key.get(col) is not None:
+            row[col] = int(key[col])
+    if key.get("rate") is not None:
+        row["arrival_rate"] = math.inf if key["rate"] == "inf" else float(key["rate"])
+    row.update(status=NOT_MEASURED, reason="not measured yet: no result file", path=text)
+    return row
+
+
+def with_not_measured(
+    summary: pl.DataFrame, missing: Sequence[str | os.PathLike[str]], models: Mapping[str, Any] | None = None
+) -> pl.DataFrame:
+    """``summary`` plus one ``not_measured`` row per path in ``missing`` (see :func:`planned_row`)."""
+    if not missing:
+        return summary
+    planned = pl.DataFrame([planned_row(p, models) for p in missing], infer_schema_length=None)
+    both = pl.concat([summary, planned], how="diagonal_relaxed") if summary.height else planned
+    keys = [c for c in _SORT if c in both.columns]
+    return both.sort(keys, nulls_last=True)
 
 
 def write_summary(summary: pl.DataFrame, path: str | os.PathLike[str], config: Mapping[str, Any]) -> None:

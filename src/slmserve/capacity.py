@@ -12,7 +12,7 @@ output token, resident at once -- is reported beside it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +100,15 @@ RULE_NOTE = (
 
 
 def table1_frame(
-    whole: list[str], budget: list[str], models: Mapping[str, Any], budget_gb: float | None, workload: Mapping[str, Any]
+    whole: list[str],
+    budget: list[str],
+    models: Mapping[str, Any],
+    budget_gb: float | None,
+    workload: Mapping[str, Any],
+    planned: Sequence[str] = (),
 ) -> Any:
-    """Table 1 from the capacity probes (``capacity/{model}-{whole,<budget>gb}.json``)."""
+    """Table 1 from the capacity probes (``capacity/{model}-{whole,<budget>gb}.json``); a model of
+    ``planned`` without probes gets a row with the paper's and the analytic values and no measured ones."""
     import polars as pl
 
     def by_model(paths: list[str]) -> dict[str, dict[str, Any]]:
@@ -111,13 +117,14 @@ def table1_frame(
 
     probes_whole, probes_budget = by_model(whole), by_model(budget)
     rows = []
-    for model, probe in probes_whole.items():
+    for model in dict.fromkeys([*planned, *probes_whole, *probes_budget]):
+        probe = probes_whole.get(model, {})
         cfg = load_config(models[model].get("config"))
         analytic = {}
         if budget_gb:
             analytic = analytic_max_batch(cfg, budget_gb, workload["input_len"], workload["output_len"])
         bud = probes_budget.get(model, {})
-        prov = probe.get("provenance", {})
+        prov = probe.get("provenance") or bud.get("provenance") or {}
         rows.append(
             {
                 "model": model,
@@ -131,7 +138,9 @@ def table1_frame(
                 "kv_tokens_budget": bud.get("kv_cache_tokens"),
                 "kv_tokens_whole": probe.get("kv_cache_tokens"),
                 "budget_gb": budget_gb,
-                "gpu_model": ", ".join(prov.get("gpu_models") or []) or f"CPU: {prov.get('cpu_model')}",
+                "gpu_model": (", ".join(prov.get("gpu_models") or []) or f"CPU: {prov.get('cpu_model')}")
+                if prov
+                else None,
                 "engine": prov.get("engine"),
                 "engine_version": prov.get("engine_version"),
             }

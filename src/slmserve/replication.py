@@ -21,7 +21,7 @@ import polars as pl
 from slmserve import analysis, capacity, io, provenance, telemetry
 from slmserve.gpuslots import GpuSlots
 from slmserve.loadgen import LoadResult, LoadSpec, result_meta, to_frame
-from slmserve.runner import COUNTERS, SweepJob, _guarded_load, _server_spec, to_frame_empty
+from slmserve.runner import COUNTERS, SweepJob, _guarded_load, _server_spec, load_prompts, to_frame_empty
 from slmserve.server import InfeasibleError, ServerError, VllmServer, install_signal_handlers, log_tail
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path) -
     install_signal_handlers()
     batch = one_gpu_max // replicas
     tel_path = analysis.telemetry_path(out)
-    prompts = pl.read_parquet(job.prompts_path).head(job.num_requests)
+    prompts = load_prompts(job)
     with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
         base = {"run": {**job.describe(), "replicas": replicas, "batch_per_replica": batch,
                         "one_gpu_max_batch": one_gpu_max, "batch_sizes": None},
@@ -173,4 +173,5 @@ def summarize(path: str | Path, models: dict[str, Any] | None = None) -> dict[st
 
 
 def summarize_runs(paths: list[str | Path], models: dict[str, Any] | None = None) -> pl.DataFrame:
-    return pl.DataFrame([summarize(p, models) for p in paths], infer_schema_length=None).sort("model", "replicas")
+    rows = [summarize(p, models) for p in paths]
+    return pl.DataFrame(rows, infer_schema_length=None).sort("model", "replicas") if rows else pl.DataFrame()

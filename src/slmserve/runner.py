@@ -111,6 +111,18 @@ def memory_settings(job: SweepJob, alloc: Allocation) -> dict[str, Any]:
 COUNTERS = ("vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
 
 
+def load_prompts(job: SweepJob) -> pl.DataFrame:
+    """The job's first ``num_requests`` prompts; a missing file is named with the command that rebuilds it."""
+    if not job.prompts_path.exists():
+        raise FileNotFoundError(
+            f"{job.prompts_path}: prompts file missing; rebuild it first with `snakemake {job.prompts_path} --cores 1`"
+        )
+    prompts = pl.read_parquet(job.prompts_path).head(job.num_requests)
+    if prompts.height < job.num_requests:
+        raise ValueError(f"{job.prompts_path}: {prompts.height} prompts, the workload needs {job.num_requests}")
+    return prompts
+
+
 def requests_for(job: SweepJob, batch: int) -> int:
     """Requests measured at ``batch``: the workload's count, or fewer for small batches when
     ``rounds_per_batch`` is set (each batch slot still serves that many requests)."""
@@ -270,9 +282,7 @@ def _serve(job: SweepJob, alloc: Allocation, batches: Sequence[int], max_num_seq
 def run_sweep(job: SweepJob) -> None:
     """Run every batch size of ``job``; raises on failures that are errors, not results."""
     install_signal_handlers()
-    prompts = pl.read_parquet(job.prompts_path).head(job.num_requests)
-    if prompts.height < job.num_requests:
-        raise ValueError(f"{job.prompts_path}: {prompts.height} prompts, the workload needs {job.num_requests}")
+    prompts = load_prompts(job)
     with GpuSlots(job.tensor_parallel, label=f"{job.model} tp{job.tensor_parallel}") as alloc:
         if not alloc.ids and job.tensor_parallel > 1:
             raise ServerError(f"tensor_parallel {job.tensor_parallel} needs GPUs; none are visible")
@@ -323,7 +333,7 @@ def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[
     """Several workloads (output length, arrival rate) at one batch size on ONE server: the server's
     configuration is the same for all of them (``--max-num-seqs`` = ``batch``), so it is started once."""
     install_signal_handlers()
-    prompts = pl.read_parquet(job.prompts_path).head(job.num_requests)
+    prompts = load_prompts(job)
     with GpuSlots(job.tensor_parallel, label=f"{job.model} points") as alloc:
         try:
             with VllmServer(_server_spec(job, alloc, batch, "points")) as srv:

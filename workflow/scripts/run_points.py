@@ -15,7 +15,7 @@ points = {
         snakemake.params.points, snakemake.output.requests, snakemake.output.telemetry, strict=True
     )
 }
-job = SweepJob(**{**params, "batch_sizes": [batch]}, prompts_path=Path(snakemake.input.prompts), outputs={},
+job = SweepJob(**{**params, "batch_sizes": [batch]}, prompts_path=Path(snakemake.params.prompts), outputs={},
                log_dir=Path(snakemake.log[0]).with_suffix(""))  # fmt: skip
 logging.info("batch %d (one-GPU maximum) for %d points", batch, len(points))
 run_points(job, max(batch, 1), points)

@@ -16,7 +16,7 @@ outputs = {
 }
 log_dir = Path(snakemake.log[0]).with_suffix("")
 try:
-    run_sweep(SweepJob(**params, prompts_path=Path(snakemake.input.prompts), outputs=outputs, log_dir=log_dir))
+    run_sweep(SweepJob(**params, prompts_path=Path(snakemake.params.prompts), outputs=outputs, log_dir=log_dir))
 except BaseException:
     logging.exception("sweep failed")
     raise
