@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 import math
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -213,3 +213,13 @@ def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -
     assert counts.get("kv_probe", 0) == 0  # all six Table 1 probes are there
     assert counts["sweep"] == 1 and counts["replication"] == 5 and counts["prepare_dataset"] == 1
     assert "wildcards: model=opt1.3b, tp=1, out=256, rate=inf" in proc.stdout
+
+
+def test_every_profile_leaves_out_the_script_mtime_code_trigger() -> None:
+    """Snakemake's "code" trigger reruns jobs whose script file is newer than their outputs: on a fresh clone
+    (arbitrary file times) it would redo committed GPU measurements. Every profile must drop it."""
+    profiles = sorted((ROOT / "profiles").glob("*/config.yaml"))
+    assert {p.parent.name for p in profiles} >= {"default", "local", "slurm"}
+    for path in profiles:
+        triggers = yaml.safe_load(path.read_text()).get("rerun-triggers")
+        assert triggers == ["mtime", "params", "input", "software-env"], path

@@ -1,0 +1,47 @@
+"""GPU cost of a campaign, read from Snakemake's log (the committed log of the H100 quick-profile run)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from slmserve import cost
+from tests.conftest import ROOT
+
+LOG = ROOT / "bench/results/h100-quick-partial/snakemake.log"
+
+
+def test_jobs_and_seconds_from_the_h100_quick_run_log() -> None:
+    jobs = cost.parse_log(LOG.read_text().splitlines(), "h100")
+    probes = jobs.filter(pl.col("rule") == "kv_probe")
+    assert probes["seconds"].to_list() == [108, 72, 97, 54, 70, 72]
+    assert probes["wildcards"][0] == "model=opt125m, budget=whole"
+    rules = cost.by_rule(jobs)
+    row = dict(zip(rules["rule"], rules.select("finished", "unfinished", "seconds").rows(), strict=True))
+    assert row == {"kv_probe": (6, 0, 473), "replication": (4, 1, 583), "sweep": (2, 0, 487)}
+    # the replication job cut off by the end of the machine lease has a start and no end
+    cut = jobs.filter(pl.col("end").is_null())
+    assert cut.select("rule", "wildcards").row(0) == ("replication", "model=opt2.7b, n=2")
+    assert "Figures 5-7" in cost.by_figure(jobs).filter(pl.col("rule") == "replication")["figures"].item()
+
+
+def test_parse_log_ignores_rule_all_and_text_between_jobs() -> None:
+    lines = [
+        "Building DAG of jobs...",
+        "[Sat Nov 21 13:54:22 2026]",
+        "rule sweep:",
+        "    input: x",
+        "    jobid: 3",
+        "    wildcards: model=opt125m, tp=2, out=256, rate=inf",
+        "    resources: gpu=2",
+        "[Sat Nov 21 13:55:23 2026]",
+        "Finished jobid: 3 (Rule: sweep)",
+        "[Sat Nov 21 13:55:23 2026]",
+        "localrule all:",
+        "    jobid: 0",
+        "[Sat Nov 21 13:55:24 2026]",
+        "Finished jobid: 0 (Rule: all)",
+    ]
+    jobs = cost.parse_log(lines)
+    assert jobs.select("rule", "jobid", "seconds").rows() == [("sweep", 3, 61)]
+    assert cost.markdown(cost.by_rule(jobs)).splitlines()[2] == "| sweep | 1 | 0 | 61 | 61.0 |"
+    assert cost.parse_log([]).height == 0
