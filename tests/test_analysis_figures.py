@@ -118,7 +118,7 @@ def test_planned_rows_read_their_keys_from_the_result_paths() -> None:
     assert (run["family"], run["params"]) == ("OPT", "1.3B")
     point = analysis.planned_row("/abs/results/points/opt6.7b/tp1-out32-rate10.requests.parquet")
     assert (point["model"], point["output_len"], point["arrival_rate"]) == ("opt6.7b", 32, 10.0)
-    assert "batch_size" not in point
+    assert point["batch_size"] is None and "replicas" not in point
     rep = analysis.planned_row("results/replication/opt2.7b_r3.parquet")
     assert (rep["model"], rep["replicas"]) == ("opt2.7b", 3)
     with pytest.raises(ValueError, match="not a result path"):
@@ -145,3 +145,24 @@ def test_not_measured_runs_are_counted_in_captions_and_left_out_of_plots(tmp_pat
     only = analysis.with_not_measured(analysis.summarize_runs([]), ["r/replication/opt125m_r2.parquet"])
     assert only.select("model", "replicas", "status").row(0) == ("opt125m", 2, analysis.NOT_MEASURED)
     assert analysis.with_not_measured(summary, []) is summary
+
+
+def test_every_figure_draws_a_summary_without_one_measured_run() -> None:
+    """A campaign that has not measured anything of an experiment yet (re-plot) or whose models the engine
+    does not serve: every figure is still drawn, empty, and its caption says why."""
+    runs = [f"r/runs/opt125m/tp1-out256-rateinf/bs{b}.requests.parquet" for b in (1, 2)]
+    points = ["r/points/opt6.7b/tp1-out32-rate10.requests.parquet"]
+    reps = ["r/replication/opt125m_r1.parquet", "r/replication/opt125m_r2.parquet"]
+    empty = analysis.summarize_runs([])
+    sources = {
+        "sweep": analysis.with_not_measured(empty, runs),
+        "families": analysis.with_not_measured(empty, runs),
+        "output_lengths": analysis.with_not_measured(empty, points),
+        "replication": analysis.with_not_measured(empty, reps),
+    }
+    for name, func in figures.FIGURES.items():
+        summary = sources[figures.FIGURE_INPUTS[name]]
+        chart, caption = func(summary)
+        json.dumps(chart.to_dict(), allow_nan=False)
+        assert "0 measured" in caption and "planned but not measured yet" in caption, name
+        assert "not measured yet" in caption.split("Runs:")[1], name

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slmserve import server
-from slmserve.server import InfeasibleError, ServerError, ServerSpec, VllmServer
+from slmserve.server import InfeasibleError, ServerError, ServerSpec, UnsupportedError, VllmServer
 
 # A stand-in for `python -m vllm.entrypoints.openai.api_server`: it parses --port, optionally prints a
 # line and exits, or serves /health and /metrics, and it starts a child (like vLLM's engine core) in
@@ -32,6 +32,10 @@ STAND_IN = textwrap.dedent(
     if mode == "nomem":
         print("ValueError: No available memory for the cache blocks. Try increasing gpu_memory_utilization",
               flush=True)
+        sys.exit(1)
+    if mode == "noarch":
+        print("ValueError: Model architectures ['FooForCausalLM'] are not supported for now. Supported "
+              "architectures: dict_keys(['OPTForCausalLM', 'LlamaForCausalLM'])", flush=True)
         sys.exit(1)
     if mode == "hang":
         time.sleep(600)
@@ -135,6 +139,33 @@ def test_memory_refusal_is_infeasible(stand_in) -> None:
     with pytest.raises(InfeasibleError) as info:
         VllmServer(spec).__enter__()
     assert "No available memory for the cache blocks" in info.value.reason
+
+
+def test_architecture_refusal_is_unsupported(stand_in) -> None:
+    spec, pids = stand_in("noarch")
+    with pytest.raises(UnsupportedError) as info:
+        VllmServer(spec).__enter__()
+    assert info.value.reason == "Model architectures ['FooForCausalLM'] are not supported for now"
+    assert all(gone(p) for p in pids_of(pids))
+
+
+@pytest.mark.parametrize(
+    ("log", "expected"),
+    [
+        ("ValueError: Model architectures ['MPTForCausalLM'] are not supported for now. Supported architectures: "
+         "dict_keys(['A', 'B'])", "Model architectures ['MPTForCausalLM'] are not supported for now"),
+        ("ValueError: Model architecture GPTJForCausalLM was supported in vLLM until v0.9.0, and is not supported "
+         "anymore. Please use an older version", "Model architecture GPTJForCausalLM was supported in vLLM until "
+         "v0.9.0, and is not supported anymore"),
+        ("ValueError: Model architecture XForCausalLM is not supported in-tree anymore. Please install the plugin",
+         "Model architecture XForCausalLM is not supported in-tree anymore"),
+        ("ValueError: No available memory for the cache blocks.", None),
+    ],
+)  # fmt: skip
+def test_unsupported_reason(log: str, expected: str | None) -> None:
+    reason = server.unsupported_reason(f"INFO start\n{log}\nINFO more\n")
+    assert reason == expected if expected is None else reason is not None and reason.startswith(expected)
+    assert reason is None or "INFO more" not in reason
 
 
 def test_health_timeout_stops_the_server(stand_in) -> None:

@@ -23,7 +23,7 @@ import altair as alt
 import polars as pl
 
 from slmserve import io
-from slmserve.analysis import NOT_MEASURED
+from slmserve.analysis import NOT_MEASURED, complete
 
 PAPER = "the paper (vLLM 0.1.7, A100 40 GB, real OPT weights)"
 # How the paper names its model families (Figure 2 left), keyed by the prefix of a config model key.
@@ -96,6 +96,7 @@ def _named(df: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
 
 
 def ok_runs(summary: pl.DataFrame) -> pl.DataFrame:
+    summary = complete(summary)
     return summary.filter(pl.col("status") == "ok") if "status" in summary.columns else summary
 
 
@@ -233,9 +234,11 @@ def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None, te
     if "status" in cols:
         infeasible = summary.filter(pl.col("status") == "infeasible").height
         missing = summary.filter(pl.col("status") == NOT_MEASURED).height
-        failed = summary.height - ok.height - infeasible - missing
+        unsupported = summary.filter(pl.col("status") == "unsupported").height
+        failed = summary.height - ok.height - infeasible - missing - unsupported
         why = "batch does not fit the KV cache" if "batch_size" in cols else "does not fit the GPU memory"
         runs = f"- Runs: {ok.height} measured, {infeasible} infeasible ({why})"
+        runs += f", {unsupported} not run: the engine does not serve the model" if unsupported else ""
         runs += f", {failed} failed" if failed else ""
         lines.append(runs + (f", {missing} planned but not measured yet (no result file)" if missing else ""))
     if "batch_control" in cols and "client" in _values(summary, "batch_control"):

@@ -30,6 +30,7 @@ from slmserve.server import (
     InfeasibleError,
     ServerError,
     ServerSpec,
+    UnsupportedError,
     VllmServer,
     install_signal_handlers,
     log_tail,
@@ -176,10 +177,13 @@ def _base_meta(job: SweepJob, batch: int, alloc: Allocation) -> dict[str, Any]:
     }
 
 
-def write_infeasible(job: SweepJob, batch: int, alloc: Allocation, reason: str, server: dict | None) -> None:
+def write_infeasible(
+    job: SweepJob, batch: int, alloc: Allocation, reason: str, server: dict | None, status: str = "infeasible"
+) -> None:
+    """A run that could not be measured, as a result: ``infeasible`` (memory) or ``unsupported`` (model)."""
     req_path, tel_path = job.outputs[batch]
-    meta = {**_base_meta(job, batch, alloc), "status": "infeasible", "reason": reason, "server": server}
-    log.warning("batch %d infeasible: %s", batch, reason)
+    meta = {**_base_meta(job, batch, alloc), "status": status, "reason": reason, "server": server}
+    log.warning("batch %d %s: %s", batch, status, reason)
     io.write_parquet(telemetry.empty_frame(), tel_path, meta)
     io.write_parquet(to_frame_empty(), req_path, meta)
 
@@ -267,7 +271,9 @@ def _field(record: Any, name: str) -> Any:
 
 
 def _serve(job: SweepJob, alloc: Allocation, batches: Sequence[int], max_num_seqs: int, tag: str,
-           prompts: pl.DataFrame) -> None:  # fmt: skip
+           prompts: pl.DataFrame) -> bool:  # fmt: skip
+    """Measure ``batches`` on one server; False if the engine does not serve the model at all (then every
+    batch size of the job not measured yet is written as ``unsupported``)."""
     try:
         with VllmServer(_server_spec(job, alloc, max_num_seqs, tag)) as srv:
             log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
@@ -277,6 +283,12 @@ def _serve(job: SweepJob, alloc: Allocation, batches: Sequence[int], max_num_seq
         for batch in batches:
             if not job.outputs[batch][0].exists():
                 write_infeasible(job, batch, alloc, exc.reason, None)
+    except UnsupportedError as exc:
+        for batch in job.batch_sizes:
+            if batch in batches or batch > max(batches):  # smaller sizes were measured or infeasible before
+                write_infeasible(job, batch, alloc, exc.reason, None, status="unsupported")
+        return False
+    return True
 
 
 def run_sweep(job: SweepJob) -> None:
@@ -292,7 +304,8 @@ def run_sweep(job: SweepJob) -> None:
             _serve(job, alloc, batches, max(batches), "all", prompts)
         else:
             for batch in batches:
-                _serve(job, alloc, [batch], batch, f"bs{batch}", prompts)
+                if not _serve(job, alloc, [batch], batch, f"bs{batch}", prompts):
+                    break  # the engine does not serve this model: every size is recorded as such
 
 
 def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[str, Any]:

@@ -41,6 +41,13 @@ INFEASIBLE_PATTERNS: tuple[str, ...] = (
     r"KV cache is needed, which is larger than",
     r"max seq len .* is larger than the maximum number of tokens that can be stored in KV cache",
 )
+# Log lines with which vLLM refuses a model architecture (vllm/model_executor/models/registry.py): the
+# model is "unsupported" by this engine, a result reported in captions, not an error of the run.
+UNSUPPORTED_PATTERNS: tuple[str, ...] = (
+    r"Model architectures \[.*?\] are not supported for now",
+    r"Model architecture \S+ was supported in vLLM until v\S+, and is not supported anymore",
+    r"Model architecture \S+ is not supported in-tree anymore",
+)
 _KV_LOG_RE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
 
 
@@ -61,6 +68,14 @@ class InfeasibleError(ServerError):
     def __init__(self, reason: str, log_path: Path | None = None, log_tail: str = "") -> None:
         self.reason = reason
         super().__init__(f"infeasible: {reason}", log_path, log_tail)
+
+
+class UnsupportedError(ServerError):
+    """vLLM does not serve the model's architecture: recorded as an unsupported model."""
+
+    def __init__(self, reason: str, log_path: Path | None = None, log_tail: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"unsupported: {reason}", log_path, log_tail)
 
 
 class Terminated(BaseException):
@@ -170,15 +185,28 @@ def log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def infeasible_reason(log_text: str) -> str | None:
-    """The log line with which vLLM refused the memory share, if any."""
-    for pattern in INFEASIBLE_PATTERNS:
+def _reason(log_text: str, patterns: tuple[str, ...], limit: int) -> str | None:
+    for pattern in patterns:
         match = re.search(pattern, log_text)
         if match:
             start = log_text.rfind("\n", 0, match.start()) + 1
             end = log_text.find("\n", match.end())
-            return log_text[start : end if end >= 0 else None].strip()[-400:]
+            return log_text[start : end if end >= 0 else None].strip()[-limit:]
     return None
+
+
+def infeasible_reason(log_text: str) -> str | None:
+    """The log line with which vLLM refused the memory share, if any."""
+    return _reason(log_text, INFEASIBLE_PATTERNS, 400)
+
+
+def unsupported_reason(log_text: str) -> str | None:
+    """The refusal of the model's architecture, from the match on (vLLM lists every supported one after it)."""
+    found = _reason(log_text, UNSUPPORTED_PATTERNS, 100_000)
+    if found is None:
+        return None
+    start = min(m.start() for p in UNSUPPORTED_PATTERNS if (m := re.search(p, found)))
+    return found[start:].split(". Supported architectures")[0][:300]
 
 
 def kv_cache_tokens_from_log(log_text: str) -> int | None:
@@ -254,6 +282,9 @@ class VllmServer:
     def _fail(self, message: str) -> None:
         tail = log_tail(self.spec.log_path)
         full = self.spec.log_path.read_text(errors="replace") if self.spec.log_path.exists() else ""
+        unsupported = unsupported_reason(full)
+        if unsupported is not None:
+            raise UnsupportedError(unsupported, self.spec.log_path, tail)
         reason = infeasible_reason(full)
         if reason is not None:
             raise InfeasibleError(reason, self.spec.log_path, tail)

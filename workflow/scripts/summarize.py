@@ -9,7 +9,9 @@ logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asc
 runs = list(snakemake.input.runs)
 missing = [p for p in snakemake.params.planned if p not in set(runs)]
 merge = replication.summarize_runs if snakemake.wildcards.experiment == "replication" else analysis.summarize_runs
-summary = analysis.with_not_measured(merge(runs, snakemake.params.models), missing, snakemake.params.models)
+summary = analysis.complete(
+    analysis.with_not_measured(merge(runs, snakemake.params.models), missing, snakemake.params.models)
+)
 analysis.write_summary(summary, snakemake.output[0], snakemake.config)
 logging.info("%d runs summarized into %s", len(runs), snakemake.output[0])
 for path in missing:

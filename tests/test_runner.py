@@ -1,0 +1,59 @@
+"""The sweep runner's handling of an engine that does not serve a model (e.g. a family missing from vLLM's
+registry): one server start, every batch size written as an ``unsupported`` result, reported in the
+Figure 2 (left) caption. The vLLM server is replaced by a stand-in class (named as such) that fails as vLLM
+does; the real server is exercised in test_server.py and test_engine.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from slmserve import analysis, dataset, figures, io, runner
+from slmserve.server import UnsupportedError
+
+
+class StandInUnsupportedServer:
+    """Fails like VllmServer when vLLM refuses the model's architecture; counts its starts."""
+
+    starts = 0
+
+    def __init__(self, spec: object) -> None:
+        self.spec = spec
+
+    def __enter__(self) -> StandInUnsupportedServer:
+        type(self).starts += 1
+        raise UnsupportedError("Model architectures ['MPTForCausalLM'] are not supported for now")
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("batch_control", ["server", "client"])
+def test_unsupported_model_is_one_start_and_a_result_per_batch_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_control: str
+) -> None:
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    monkeypatch.setattr(runner, "VllmServer", StandInUnsupportedServer)
+    StandInUnsupportedServer.starts = 0
+    prompts = tmp_path / "prompts.parquet"
+    rows = {"request_id": [0, 1], "source_id": ["a", "b"], "source_index": [0, 1], "original_len": [9, 9],
+            "prompt_len": [4, 4], "token_ids": [[1, 2, 3, 4]] * 2, "tokenizer": ["t"] * 2}  # fmt: skip
+    io.write_parquet(pl.DataFrame(rows, schema=dataset.SCHEMA), prompts, {})
+    sizes = [1, 2, 4]
+    outputs = {b: (tmp_path / f"bs{b}.requests.parquet", tmp_path / f"bs{b}.telemetry.parquet") for b in sizes}
+    job = runner.SweepJob(
+        model="mpt7b", model_path="config/models/mpt-7b", load_format="dummy", tensor_parallel=1,
+        batch_sizes=sizes, prompts_path=prompts, outputs=outputs, log_dir=tmp_path, input_len=4,
+        output_len=4, num_requests=2, batch_control=batch_control, telemetry_enabled=False,
+    )  # fmt: skip
+    runner.run_sweep(job)
+    assert StandInUnsupportedServer.starts == 1
+    summary = analysis.summarize_runs([str(outputs[b][0]) for b in sizes], {"mpt7b": {"family": "MPT"}})
+    assert summary["status"].to_list() == ["unsupported"] * 3
+    assert summary["batch_size"].to_list() == sizes
+    _, caption = figures.families(summary)
+    assert "MPT-7B: not served: Model architectures ['MPTForCausalLM'] are not supported for now" in caption
+    assert "3 not run: the engine does not serve the model" in caption
