@@ -8,7 +8,10 @@ PY    := $(VENV)/bin/python
 SMK   := $(VENV)/bin/snakemake
 CORES ?= 2
 
-# Re-plot: REPLOT_ARGS="--configfile config/smoke.yaml" to re-plot the smoke results instead.
+# Re-plot every profile whose measured results are in the checkout (the paper's in results/, the quick
+# profile's in results/quick/); REPLOT_CONFIGS=config/smoke.yaml for the smoke results instead. REPLOT_ARGS:
+# more Snakemake options. Reports: report.html (paper), report-<profile>.html (the others).
+REPLOT_CONFIGS ?= config/config.yaml config/quick.yaml
 REPLOT_ARGS ?=
 
 .PHONY: setup demo test lint dryrun replot report clean-smoke
@@ -33,9 +36,15 @@ dryrun: setup
 	$(SMK) all -n --cores 4 --resources gpu=4
 
 replot: setup
-	$(SMK) all --cores $(CORES) --config replot=True $(REPLOT_ARGS)
-	$(SMK) all --cores $(CORES) --config replot=True $(REPLOT_ARGS) --report report.html
-	@echo "replot: figures and tables rebuilt from the results, report in report.html; no measurement ran"
+	@set -e; n=0; for cfg in $(REPLOT_CONFIGS); do \
+	  read -r out prof <<<"$$($(PY) -c 'import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); print(c.get("outdir", "results"), c.get("profile", "paper"))' $$cfg)"; \
+	  if ! ls -d $$out/capacity/*.json $$out/runs $$out/points $$out/replication 2>/dev/null | grep -q .; then \
+	    echo "replot: $$cfg: no results in $$out/, skipped"; continue; fi; \
+	  report=report.html; [ "$$prof" = paper ] || report=report-$$prof.html; \
+	  $(SMK) all --cores $(CORES) --configfile $$cfg --config replot=True $(REPLOT_ARGS); \
+	  $(SMK) all --cores $(CORES) --configfile $$cfg --config replot=True $(REPLOT_ARGS) --report $$report; \
+	  echo "replot: $$cfg: figures and tables rebuilt from $$out/, report in $$report; no measurement ran"; n=$$((n+1)); \
+	done; [ $$n -gt 0 ] || { echo "replot: no results of $(REPLOT_CONFIGS) in this checkout" >&2; exit 1; }
 
 report: replot
 
