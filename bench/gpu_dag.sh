@@ -4,6 +4,7 @@
 # WAIT_S seconds and packs what is finished into $OUT/results.tgz (outdir, logs, Snakemake's log).
 #
 #   bench/gpu_dag.sh CONFIGFILE WAIT_S [snakemake targets or options...]
+#   (GPUS=k sets --resources gpu=k; default: the GPUs nvidia-smi lists)
 #
 # Needs, carried in .gpu-carry/: snake/ (Snakemake and its wheels that the image lacks), extra/ (polars wheels
 # and the prepared prompts parquet); the vLLM wheel set installed by ../shared/gpu/install-wheelhouse.sh in
@@ -26,7 +27,10 @@ if [ ! -f "$wf/.pid" ]; then
   [ -f "$carry/resume.tgz" ] && tar xzf "$carry/resume.tgz" -C "$wf" && echo "resumed from resume.tgz"
   cd "$wf" || exit 3
   date -u +%FT%TZ >"$wf/.started"
-  setsid nohup bash -c 'python3 -m snakemake --configfile "$0" --cores 4 --resources gpu=1 \
+  gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+  [ "${gpus:-0}" -gt 0 ] 2>/dev/null || gpus=1
+  echo "Snakemake with --resources gpu=$gpus"
+  setsid nohup bash -c 'python3 -m snakemake --configfile "$0" --cores 4 --resources gpu='"$gpus"' \
       --rerun-incomplete "${@}"; echo "snakemake exit $?" >>"'"$wf"'/snakemake.log"' \
       "$cfg" "$@" >"$wf/snakemake.log" 2>&1 </dev/null &
   echo $! >"$wf/.pid"

@@ -223,3 +223,16 @@ def test_every_profile_leaves_out_the_script_mtime_code_trigger() -> None:
     for path in profiles:
         triggers = yaml.safe_load(path.read_text()).get("rerun-triggers")
         assert triggers == ["mtime", "params", "input", "software-env"], path
+
+
+def test_dry_run_quick_tp_profile(tmp_path: Path) -> None:
+    """The 4-GPU quick set: OPT-125M and OPT-13B on 1, 2 and 4 GPUs, one job (one server) each."""
+    out = snakemake("all", "-n", "--cores", "8", "--resources", "gpu=4", "--configfile", "config/quick-tp.yaml",
+                    "--config", f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    assert counts["sweep"] == 6 and "kv_probe" not in counts and "replication" not in counts
+    for model in ("opt125m", "opt13b"):
+        for tp in (1, 2, 4):
+            assert f"wildcards: model={model}, tp={tp}, out=256, rate=inf" in out.stdout
+    assert re.search(r"sweep:\n(.*\n)*?\s+resources: .*gpu=4", out.stdout)
