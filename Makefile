@@ -41,7 +41,7 @@ replot: setup
 	  if ! ls -d $$out/capacity/*.json $$out/runs $$out/points $$out/replication 2>/dev/null | grep -q .; then \
 	    echo "replot: $$cfg: no results in $$out/, skipped"; continue; fi; \
 	  report=report.html; [ "$$prof" = paper ] || report=report-$$prof.html; \
-	  $(SMK) all --cores $(CORES) --configfile $$cfg --config replot=True $(REPLOT_ARGS); \
+	  $(SMK) all --cores $(CORES) --configfile $$cfg --config replot=True --forceall $(REPLOT_ARGS); \
 	  $(SMK) all --cores $(CORES) --configfile $$cfg --config replot=True $(REPLOT_ARGS) --report $$report; \
 	  echo "replot: $$cfg: figures and tables rebuilt from $$out/, report in $$report; no measurement ran"; n=$$((n+1)); \
 	done; [ $$n -gt 0 ] || { echo "replot: no results of $(REPLOT_CONFIGS) in this checkout" >&2; exit 1; }

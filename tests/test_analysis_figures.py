@@ -141,6 +141,12 @@ def test_not_measured_runs_are_counted_in_captions_and_left_out_of_plots(tmp_pat
     assert "OPT-1.3B: not measured yet" in caption
     data = pl.DataFrame(next(iter(chart.to_dict()["datasets"].values())))
     assert data["batch_size"].to_list() == [8]
+    # a model with one infeasible run and the rest still missing is not "not served"
+    infeasible = analysis.summarize_runs([write_run(tmp_path, 9, status="infeasible")])
+    partial = analysis.with_not_measured(infeasible, ["r/runs/opt125m/tp1-out256-rateinf/bs1.requests.parquet"])
+    _, text = figures.throughput_latency(partial)
+    assert "OPT-125M: none measured yet (1 not measurable: batch 9 needs 9 KV-cache tokens; 1 not measured yet)" in text
+    assert "not served" not in text
     # nothing measured at all: the planned rows alone
     only = analysis.with_not_measured(analysis.summarize_runs([]), ["r/replication/opt125m_r2.parquet"])
     assert only.select("model", "replicas", "status").row(0) == ("opt125m", 2, analysis.NOT_MEASURED)

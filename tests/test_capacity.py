@@ -115,4 +115,5 @@ def test_table1_keeps_a_planned_model_without_probes(tmp_path: Path, monkeypatch
     assert big["measured_max_batch_whole"] is None and big["gpu_model"] is None
     table = figures.table1(frame)
     assert table.filter(pl.col("Model") == "OPT-13B")["measured (whole GPU)"].item() == "–"
-    assert "NVIDIA H100 80GB HBM3" in figures.table1_markdown(frame)
+    md = figures.table1_markdown(frame)
+    assert "NVIDIA H100 80GB HBM3" in md and "Not measured yet (no KV-cache probe result): OPT-13B." in md

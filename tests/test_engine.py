@@ -58,6 +58,11 @@ def test_smoke_dag_end_to_end(tmp_path: Path) -> None:
         "--config", f"outdir={out}", f"figdir={fig}", timeout=1800,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # With Snakemake's metadata of that run in place, nothing is to be redone (e.g. the prompts leaving a
+    # finished job's inputs must not count as a change).
+    again = snakemake("all", "-n", "--cores", "2", "--resources", "gpu=1", "--configfile", "config/smoke.yaml",
+                      "--config", f"outdir={out}", f"figdir={fig}")  # fmt: skip
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
 
     runs = sorted((out / "runs/opt125m/tp1-out16-rateinf").glob("bs*.requests.parquet"))
     assert [p.name for p in runs] == [f"bs{b}.requests.parquet" for b in (1, 2, 4, 8)]

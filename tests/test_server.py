@@ -149,6 +149,15 @@ def test_architecture_refusal_is_unsupported(stand_in) -> None:
     assert all(gone(p) for p in pids_of(pids))
 
 
+def test_a_refusal_left_in_the_log_by_an_earlier_start_does_not_count(stand_in) -> None:
+    spec, _ = stand_in("exit")
+    spec.log_path.write_text("ValueError: Model architectures ['FooForCausalLM'] are not supported for now.\n")
+    with pytest.raises(ServerError) as info:
+        VllmServer(spec).__enter__()
+    assert not isinstance(info.value, UnsupportedError | InfeasibleError)
+    assert "Engine core initialization failed" in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("log", "expected"),
     [

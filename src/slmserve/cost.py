@@ -3,7 +3,8 @@ and per figure (a measuring job counts towards every figure drawn from its resul
 
 Snakemake writes, for each job, a ``[<ctime>]`` line, ``rule NAME:`` (``localrule`` when run on the
 host), the job's ``jobid`` and ``wildcards``, and later ``[<ctime>]`` + ``Finished jobid: N (Rule: NAME)``.
-Jobs started but not finished (a killed run) are kept with no end: they cost time that bought nothing.
+Jobs started but not finished (a run cut off) are kept with no end and null seconds: the log does not say
+when they stopped, so the sums cover finished jobs only and ``unfinished`` counts the others.
 """
 
 from __future__ import annotations

@@ -174,11 +174,16 @@ def _not_served(summary: pl.DataFrame) -> list[str]:
         if (rows["status"] == NOT_MEASURED).all():
             lines.append(f"{names[key][0]}: not measured yet (no result file)")
             continue
+        missing = rows.filter(pl.col("status") == NOT_MEASURED).height
         rows = rows.filter(pl.col("status") != NOT_MEASURED)
         reasons = rows["reason"].drop_nulls().unique(maintain_order=True).to_list() if "reason" in rows.columns else []
         more = f" (and {len(reasons) - 2} more)" if len(reasons) > 2 else ""
         why = "; ".join(reasons[:2]) + more or ", ".join(rows["status"].drop_nulls().unique().to_list()) or "no run"
-        lines.append(f"{names[key][0]}: not served: {why}")
+        if missing:  # the campaign is not finished: the runs still missing may be measured
+            lines.append(f"{names[key][0]}: none measured yet ({rows.height} not measurable: {why}; "
+                         f"{missing} not measured yet)")  # fmt: skip
+        else:
+            lines.append(f"{names[key][0]}: not served: {why}")
     return lines
 
 
@@ -749,6 +754,10 @@ def table1_markdown(df: pl.DataFrame, rule_note: str = RULE_NOTE_PLACEHOLDER) ->
         f"memory = 36 GB for vLLM). Here: {gpus}, {engines or 'unknown engine'}; {measured}."
     )
     lines = [head, align, *body, "", note]
+    if "measured_max_batch_whole" in df.columns:
+        todo = [names[m][0] for m in df.filter(pl.col("measured_max_batch_whole").is_null())["model"]]
+        if todo:
+            lines.append(f"Not measured yet (no KV-cache probe result): {', '.join(todo)}.")
     if kv:
         lines.append(f"KV-cache capacity in tokens ({budget} / whole GPU): {kv}.")
     lines.append(rule_note)

@@ -231,6 +231,7 @@ class VllmServer:
         self.port: int | None = None
         self._port_fd: int | None = None
         self._log: IO[bytes] | None = None
+        self._log_start = 0  # where this start's part of the (appended) log begins
         self.startup_s: float | None = None
         self.kv_cache_tokens: int | None = None
         self.block_size: int | None = None
@@ -258,6 +259,7 @@ class VllmServer:
         self.port, self._port_fd = reserve_port()
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = spec.log_path.open("ab")
+        self._log_start = self._log.tell()
         self._log.write(f"# slmserve: {' '.join(spec.argv(self.port))}\n".encode())
         self._log.flush()
         env = {**os.environ, **spec.env}
@@ -281,7 +283,11 @@ class VllmServer:
 
     def _fail(self, message: str) -> None:
         tail = log_tail(self.spec.log_path)
-        full = self.spec.log_path.read_text(errors="replace") if self.spec.log_path.exists() else ""
+        full = ""
+        if self.spec.log_path.exists():
+            with self.spec.log_path.open("rb") as fh:
+                fh.seek(self._log_start)  # earlier starts' lines (an old refusal) do not count
+                full = fh.read().decode(errors="replace")
         unsupported = unsupported_reason(full)
         if unsupported is not None:
             raise UnsupportedError(unsupported, self.spec.log_path, tail)
