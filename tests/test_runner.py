@@ -12,6 +12,7 @@ import pytest
 
 from slmserve import analysis, dataset, figures, io, runner
 from slmserve.server import UnsupportedError
+from tests.conftest import ROOT
 
 
 class StandInUnsupportedServer:
@@ -57,3 +58,31 @@ def test_unsupported_model_is_one_start_and_a_result_per_batch_size(
     _, caption = figures.families(summary)
     assert "MPT-7B: not served: Model architectures ['MPTForCausalLM'] are not supported for now" in caption
     assert "3 not run: the engine does not serve the model" in caption
+
+
+def test_prompt_ids_are_folded_into_a_smaller_vocabulary(tmp_path: Path) -> None:
+    prompts = pl.DataFrame({"token_ids": [[5, 31_999, 32_000, 50_256], [1, 2]]})
+    folded, n = runner.fit_vocabulary(prompts, 32_000)
+    assert n == 2
+    assert folded["token_ids"].to_list() == [[5, 31_999, 0, 18_256], [1, 2]]
+    same, n = runner.fit_vocabulary(prompts, 50_272)  # OPT's vocabulary holds every GPT-2 id
+    assert n == 0 and same["token_ids"].to_list() == prompts["token_ids"].to_list()
+    assert runner.fit_vocabulary(prompts, None)[1] == 0
+
+
+def test_llama_jobs_record_the_folding_and_captions_state_it(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.parquet"
+    rows = {"request_id": [0], "source_id": ["a"], "source_index": [0], "original_len": [9], "prompt_len": [3],
+            "token_ids": [[40_000, 7, 50_000]], "tokenizer": ["t"]}  # fmt: skip
+    io.write_parquet(pl.DataFrame(rows, schema=dataset.SCHEMA), prompts, {})
+    job = runner.SweepJob(
+        model="llama7b", model_path=str(ROOT / "config/models/llama-7b"), load_format="dummy", tensor_parallel=1,
+        batch_sizes=[1], prompts_path=prompts, outputs={}, log_dir=tmp_path, input_len=3, output_len=4,
+        num_requests=1,
+    )  # fmt: skip
+    got = runner.load_prompts(job)
+    assert got["token_ids"].to_list() == [[8_000, 7, 18_000]]
+    assert job.describe()["extra"] == {"prompt_ids_folded_into_vocab": 32_000}
+    summary = pl.DataFrame({"model": ["llama7b"], "status": ["ok"], "prompt_ids_folded_into_vocab": [32_000]})
+    text = figures.caption(summary, "x")
+    assert "LLaMA-7B: prompt token ids (GPT-2 BPE) folded into its 32,000-token vocabulary" in text

@@ -258,6 +258,14 @@ def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None, te
             "request sent at once, mean latency includes the wait for a batch slot (about half of requests/batch "
             "rounds), so at those points it is lower than with the paper's 500 requests; throughput is not affected."
         )
+    if "prompt_ids_folded_into_vocab" in cols:
+        folded = summary.filter(pl.col("prompt_ids_folded_into_vocab").is_not_null())
+        names = _names(summary)
+        for key, vocab in sorted(set(zip(folded["model"], folded["prompt_ids_folded_into_vocab"], strict=True))):
+            lines.append(
+                f"- {names.get(key, (key,))[0]}: prompt token ids (GPT-2 BPE) folded into its {int(vocab):,}-token "
+                "vocabulary (id mod vocabulary size); prompt lengths unchanged"
+            )
     lines += [f"- {n}" for n in _not_served(summary)]
     lines += [f"- {n}" for n in _telemetry_note(summary, telemetry)]
     lines.append(f"- Differs from {PAPER}: engine version, GPU, random weights.")

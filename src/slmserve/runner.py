@@ -114,15 +114,36 @@ COUNTERS = ("vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:gene
 
 
 def load_prompts(job: SweepJob) -> pl.DataFrame:
-    """The job's first ``num_requests`` prompts; a missing file is named with the command that rebuilds it."""
-    if not job.prompts_path.exists():
-        raise FileNotFoundError(
-            f"{job.prompts_path}: prompts file missing; rebuild it first with `snakemake {job.prompts_path} --cores 1`"
-        )
-    prompts = pl.read_parquet(job.prompts_path).head(job.num_requests)
+    """The job's first ``num_requests`` prompts, their token ids fitted to the model's vocabulary
+    (:func:`fit_vocabulary`); a missing file is named with the command that rebuilds it."""
+    path = Path(job.prompts_path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: prompts file missing; rebuild it first with `snakemake {path} --cores 1`")
+    prompts = pl.read_parquet(path).head(job.num_requests)
     if prompts.height < job.num_requests:
-        raise ValueError(f"{job.prompts_path}: {prompts.height} prompts, the workload needs {job.num_requests}")
+        raise ValueError(f"{path}: {prompts.height} prompts, the workload needs {job.num_requests}")
+    config = Path(job.model_path) / "config.json"
+    vocab = json.loads(config.read_text()).get("vocab_size") if config.exists() else None
+    prompts, folded = fit_vocabulary(prompts, vocab)
+    if folded:
+        job.extra["prompt_ids_folded_into_vocab"] = vocab
+        log.warning("%d prompt token ids >= the vocabulary of %s (%d): folded into it (id mod %d)",
+                    folded, job.model, vocab, vocab)  # fmt: skip
     return prompts
+
+
+def fit_vocabulary(prompts: pl.DataFrame, vocab_size: int | None) -> tuple[pl.DataFrame, int]:
+    """Prompt token ids (GPT-2 BPE, OPT's tokenizer) folded into ``[0, vocab_size)`` by ``id mod vocab_size``,
+    and how many ids changed. Models with a smaller vocabulary (LLaMA: 32,000) would otherwise get ids they
+    have no embedding for: with ``--skip-tokenizer-init`` vLLM does not check them, and the GPU kernel fails.
+    Prompt lengths stay the same, and with dummy weights the ids' identity does not change the work."""
+    if not vocab_size or prompts.is_empty():
+        return prompts, 0
+    ids = pl.col("token_ids")
+    folded = int(prompts.select(ids.list.eval(pl.element() >= vocab_size).list.sum().sum()).item() or 0)
+    if not folded:
+        return prompts, 0
+    return prompts.with_columns(ids.list.eval(pl.element() % vocab_size)), folded
 
 
 def requests_for(job: SweepJob, batch: int) -> int:
