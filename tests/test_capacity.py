@@ -117,3 +117,14 @@ def test_table1_keeps_a_planned_model_without_probes(tmp_path: Path, monkeypatch
     assert table.filter(pl.col("Model") == "OPT-13B")["measured (whole GPU)"].item() == "–"
     md = figures.table1_markdown(frame)
     assert "NVIDIA H100 80GB HBM3" in md and "Not measured yet (no KV-cache probe result): OPT-13B." in md
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in (ROOT / "config/models").iterdir()))
+def test_every_model_config_parses_with_the_installed_transformers(folder: str) -> None:
+    """vLLM reads config.json through transformers' (strict) config classes: a value of the wrong type fails
+    the server at start (transformers 5.17 types MPT's attn_config.attn_pdrop as int: 0, not 0.0)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.from_pretrained(ROOT / "config/models" / folder)
+    raw = capacity.load_config(ROOT / "config/models" / folder)
+    assert type(cfg).__name__.removesuffix("Config").lower() in {raw["model_type"], "gptj", "mpt", "opt", "llama"}
+    assert cfg.vocab_size == raw["vocab_size"]

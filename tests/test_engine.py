@@ -246,3 +246,39 @@ def test_sigterm_stops_server_group(tmp_path: Path, prompts: Path) -> None:
     assert "terminated by SIGTERM" in log.read_text()
     assert not list((tmp_path / "run").glob("*.parquet"))
     assert locks_free(tmp_path)
+
+
+# --- the families of Figure 2 (left): their architectures through the real engine -------------------
+
+SHRINK = {  # the published config with small dimensions (head size 64, which the CPU kernels support)
+    "llama-7b": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 4},
+    "mpt-7b": {"d_model": 256, "n_heads": 4, "n_layers": 2},
+    "gpt-j-6b": {"n_embd": 256, "n_head": 4, "n_layer": 2, "rotary_dim": 32},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "folder"), [("llama7b", "llama-7b"), ("mpt7b", "mpt-7b"), ("gptj6b", "gpt-j-6b")])
+def test_family_architecture_serves_on_the_engine(tmp_path: Path, prompts: Path, model: str, folder: str) -> None:
+    """LLaMA, MPT and GPT-J as this engine serves them, from our config.json with small dimensions: the sweep
+    job measures them (for LLaMA with the prompt ids folded into its 32,000-token vocabulary)."""
+    cfg = json.loads((ROOT / "config/models" / folder / "config.json").read_text())
+    small = tmp_path / folder
+    small.mkdir()
+    (small / "config.json").write_text(json.dumps({**cfg, **SHRINK[folder]}))
+    proc, log, spec = start_job(tmp_path, prompts, model=model, model_path=str(small), batch_sizes=[2],
+                                num_requests=4, output_len=8, dtype="float32")  # fmt: skip
+    assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    path = Path(spec["out"]) / "bs2.requests.parquet"
+    meta = io.read_meta(path)
+    if meta["status"] == "unsupported":  # vLLM dropped MPT after 0.28 (the GPU's 0.26.0 still has it)
+        version = tuple(int(x) for x in meta["provenance"]["engine_version"].split(".")[:2])
+        assert model == "mpt7b" and version > (0, 28), meta["reason"]
+        assert meta["reason"].startswith("Model architecture MPTForCausalLM was supported in vLLM until v0.28.0")
+        assert pl.read_parquet(path).height == 0
+        return
+    assert meta["status"] == "ok", meta.get("reason")
+    req = pl.read_parquet(path)
+    assert req.height == 4 and (req["completion_tokens"] == 8).all() and (req["prompt_tokens"] == 128).all()
+    folded = meta["run"]["extra"].get("prompt_ids_folded_into_vocab")
+    assert folded == (32_000 if model == "llama7b" else None)

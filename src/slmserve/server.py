@@ -206,7 +206,8 @@ def unsupported_reason(log_text: str) -> str | None:
     if found is None:
         return None
     start = min(m.start() for p in UNSUPPORTED_PATTERNS if (m := re.search(p, found)))
-    return found[start:].split(". Supported architectures")[0][:300]
+    reason = found[start:].split(". Supported architectures")[0].split(" [type=")[0]  # pydantic's wrapping
+    return reason[:300]
 
 
 def kv_cache_tokens_from_log(log_text: str) -> int | None:
