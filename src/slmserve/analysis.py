@@ -31,25 +31,31 @@ _PLANNED = (  # result paths of the workflow's measuring rules (rules/common.smk
     re.compile(r"(?:^|/)replication/(?P<model>[^/]+)_r(?P<replicas>\d+)\.parquet$"),
 )  # fmt: skip
 _SORT = ("model", "tp", "output_len", "arrival_rate", "batch_size", "replicas")
-# What a measured run adds to its summary row (request metrics, client checks, telemetry): a summary in which
-# no run was measured (all infeasible, unsupported or not measured yet) lacks these columns.
+# What a measured run adds to its summary row: a summary in which no run was measured (all infeasible,
+# unsupported or not measured yet) lacks these columns. Telemetry and request metrics of every experiment,
+# then those of one run on one server (sweeps, points) and of a replication run.
 _F, _I, _B = pl.Float64(), pl.Int64(), pl.Boolean()
 METRICS: dict[str, pl.DataType] = {
-    "n_ok": _I, "n_error": _I, "window_start_s": _F, "window_end_s": _F, "duration_s": _F, "throughput_rps": _F,
-    "output_tokens": _I, "output_tok_s": _F, "latency_mean_s": _F, "latency_p50_s": _F, "latency_p99_s": _F,
-    "latency_mean_per_replica": pl.List(pl.Float64()), "ttft_mean_s": _F, "ttft_p50_s": _F, "ttft_p99_s": _F,
-    "tpot_mean_s": _F, "peak_inflight": _I, "lag_p99_s": _F, "client_cpu_frac": _F, "preemptions": _F,
-    "client_ok": _B, "sm_active_mean": _F, "sm_active_max": _F, "sm_occupancy_mean": _F, "sm_occupancy_max": _F,
+    "n_ok": _I, "throughput_rps": _F, "output_tok_s": _F, "latency_mean_s": _F, "preemptions": _F,
+    "sm_active_mean": _F, "sm_active_max": _F, "sm_occupancy_mean": _F, "sm_occupancy_max": _F,
     "dram_bw_mean": _F, "dram_bw_max": _F, "tensor_active_mean": _F, "tensor_active_max": _F, "gpu_util_mean": _F,
     "gpu_util_max": _F, "sm_clock_mhz_mean": _F, "sm_clock_mhz_max": _F, "power_w_mean": _F,
     "power_w_mean_per_gpu": _F, "energy_j": _F, "mem_used_mb_max": _F, "cpu_util_mean": _F, "n_samples": _I,
     "n_gpus": _I, "nvml_ok": _B, "gpm_ok": _B, "energy_per_token_j": _F,
 }  # fmt: skip
+RUN_METRICS: dict[str, pl.DataType] = {
+    "n_error": _I, "window_start_s": _F, "window_end_s": _F, "duration_s": _F, "output_tokens": _I,
+    "latency_p50_s": _F, "latency_p99_s": _F, "ttft_mean_s": _F, "ttft_p50_s": _F, "ttft_p99_s": _F,
+    "tpot_mean_s": _F, "peak_inflight": _I, "lag_p99_s": _F, "client_cpu_frac": _F, "client_ok": _B,
+}  # fmt: skip
+REPLICATION_METRICS: dict[str, pl.DataType] = {"latency_mean_per_replica": pl.List(pl.Float64())}
 
 
 def complete(summary: pl.DataFrame) -> pl.DataFrame:
-    """``summary`` with every column of :data:`METRICS` (typed nulls where no run was measured)."""
-    missing = [pl.lit(None, dtype=t).alias(c) for c, t in METRICS.items() if c not in summary.columns]
+    """``summary`` with every metric column of its experiment (typed nulls where no run was measured): a
+    replication summary (it has ``replicas``) gets :data:`REPLICATION_METRICS`, the others :data:`RUN_METRICS`."""
+    extra = REPLICATION_METRICS if "replicas" in summary.columns else RUN_METRICS
+    missing = [pl.lit(None, dtype=t).alias(c) for c, t in {**METRICS, **extra}.items() if c not in summary.columns]
     return summary.with_columns(missing) if missing and summary.width else summary
 
 
@@ -154,7 +160,7 @@ def summarize_runs(paths: Iterable[str | os.PathLike[str]], models: Mapping[str,
     rows = [summarize_run(p, models) for p in paths]
     if not rows:
         return pl.DataFrame()
-    return pl.DataFrame(rows, infer_schema_length=None).sort(["model", "tp", "output_len", "batch_size"])
+    return complete(pl.DataFrame(rows, infer_schema_length=None).sort(["model", "tp", "output_len", "batch_size"]))
 
 
 def planned_row(path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -174,4 +174,8 @@ def summarize(path: str | Path, models: dict[str, Any] | None = None) -> dict[st
 
 def summarize_runs(paths: list[str | Path], models: dict[str, Any] | None = None) -> pl.DataFrame:
     rows = [summarize(p, models) for p in paths]
-    return pl.DataFrame(rows, infer_schema_length=None).sort("model", "replicas") if rows else pl.DataFrame()
+    return (
+        analysis.complete(pl.DataFrame(rows, infer_schema_length=None).sort("model", "replicas"))
+        if rows
+        else pl.DataFrame()
+    )
