@@ -420,7 +420,7 @@ def summarize(frame: pl.DataFrame, t_start: float, t_end: float) -> dict[str, An
         *[pl.col(col).mean().alias(key) for key, col in _SUMMARY_METRICS.items()],
         pl.when(pl.col("mem_used_mb").count() > 0).then(pl.col("mem_used_mb").sum()).alias("mem"),
         pl.col("cpu_util_pct").mean().alias("cpu"),
-    )
+    ).sort("t_mono_s")  # a fixed order: float sums below come out the same on every re-plot
     out: dict[str, Any] = {}
     for key in _SUMMARY_METRICS:
         out[f"{key}_mean"] = _scalar(ticks[key].mean())
@@ -434,6 +434,7 @@ def summarize(frame: pl.DataFrame, t_start: float, t_end: float) -> dict[str, An
             pl.col("energy_mj").sort_by("t_mono_s").drop_nulls().alias("energy"),
         )
         .with_columns((pl.col("energy").list.last() - pl.col("energy").list.first()).alias("energy"))
+        .sort("gpu")
     )
     n_gpus = per_gpu.height
     power = per_gpu["power"]
