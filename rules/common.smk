@@ -155,7 +155,8 @@ def missing_measurements():
 
 def check_replot():
     """replot=True draws what is there: stop if nothing of this configuration is, warn about the rest."""
-    planned, missing = planned_measurements(), missing_measurements()
+    planned = planned_measurements()
+    missing = [f for f in planned if not Path(f).exists()]
     if planned and len(missing) == len(planned):
         raise WorkflowError(
             f"replot: none of the {len(planned)} measured results of this configuration is under {OUT}/ "

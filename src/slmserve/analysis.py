@@ -188,13 +188,14 @@ def planned_row(path: str | os.PathLike[str], models: Mapping[str, Any] | None =
 def with_not_measured(
     summary: pl.DataFrame, missing: Sequence[str | os.PathLike[str]], models: Mapping[str, Any] | None = None
 ) -> pl.DataFrame:
-    """``summary`` plus one ``not_measured`` row per path in ``missing`` (see :func:`planned_row`)."""
+    """``summary`` plus one ``not_measured`` row per path in ``missing`` (see :func:`planned_row`), with
+    every metric column (:func:`complete`) even when nothing was measured."""
     if not missing:
         return summary
     planned = pl.DataFrame([planned_row(p, models) for p in missing], infer_schema_length=None)
     both = pl.concat([summary, planned], how="diagonal_relaxed") if summary.height else planned
     keys = [c for c in _SORT if c in both.columns]
-    return both.sort(keys, nulls_last=True)
+    return complete(both.sort(keys, nulls_last=True))
 
 
 def write_summary(summary: pl.DataFrame, path: str | os.PathLike[str], config: Mapping[str, Any]) -> None:

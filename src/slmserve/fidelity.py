@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 import aiohttp
 import polars as pl
 
-from slmserve import analysis, io
+from slmserve import analysis, io, loadgen, runner
 from slmserve.loadgen import LoadSpec, run_load_async, to_frame
 from slmserve.runner import until_server_dies
 
@@ -119,15 +119,13 @@ def requests_for(batch: int, available: int, requests: int | None = None) -> int
 
 
 def warmup_for(batch: int, n: int, warmup_requests: int) -> int:
-    """Warm-up requests, as :func:`slmserve.runner.measure`: one round of the batch, at least ``warmup_requests``."""
-    return max(warmup_requests, min(batch, n))
+    """Warm-up requests, as the workflow's runs take them (:func:`slmserve.runner.warmup_for`)."""
+    return runner.warmup_for(warmup_requests, batch, n)
 
 
 def load_prompts(path: Path, input_len: int) -> list[list[int]]:
     """Token ids of every prompt in the prepared prompts parquet, cut to ``input_len`` tokens."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: prompts file missing; build it first with `snakemake {path} --cores 1`")
-    ids = pl.read_parquet(path, columns=["token_ids"])["token_ids"].to_list()
+    ids = pl.read_parquet(runner.require_prompts(path), columns=["token_ids"])["token_ids"].to_list()
     short = sum(1 for p in ids if len(p) < input_len)
     if short:
         raise ValueError(f"{path}: {short} prompts have fewer than {input_len} tokens")
@@ -135,15 +133,8 @@ def load_prompts(path: Path, input_len: int) -> list[list[int]]:
 
 
 def request_body(model: str, prompt: Sequence[int], output_len: int) -> dict[str, Any]:
-    """The non-streaming request: the fields :mod:`slmserve.loadgen` sends, with ``stream: false``."""
-    return {
-        "model": model,
-        "prompt": list(prompt),
-        "max_tokens": output_len,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": False,
-    }
+    """The non-streaming request: what :mod:`slmserve.loadgen` sends, with ``stream: false``."""
+    return loadgen.request_body(model, prompt, output_len, stream=False)
 
 
 async def guarded(coro: Coroutine[Any, Any, _T], alive: Callable[[], bool] | None, poll_s: float = 0.5) -> _T:

@@ -26,6 +26,7 @@ from slmserve import io
 from slmserve.analysis import NOT_MEASURED, complete
 
 PAPER = "the paper (vLLM 0.1.7, A100 40 GB, real OPT weights)"
+NOT_MEASURED_NOTE = "not measured yet (no result file)"
 # How the paper names its model families (Figure 2 left), keyed by the prefix of a config model key.
 FAMILY_NAMES = {"opt": "OPT", "llama": "LLaMA", "mpt": "MPT", "gptj": "GPT-J", "gpt-j": "GPT-J"}
 PAPER_FAMILIES = ("OPT", "LLaMA", "MPT", "GPT-J")
@@ -171,11 +172,11 @@ def _not_served(summary: pl.DataFrame) -> list[str]:
         rows = summary.filter(pl.col("model") == key)
         if (rows["status"] == "ok").any():
             continue
-        if (rows["status"] == NOT_MEASURED).all():
-            lines.append(f"{names[key][0]}: not measured yet (no result file)")
-            continue
         missing = rows.filter(pl.col("status") == NOT_MEASURED).height
         rows = rows.filter(pl.col("status") != NOT_MEASURED)
+        if rows.is_empty():
+            lines.append(f"{names[key][0]}: {NOT_MEASURED_NOTE}")
+            continue
         reasons = rows["reason"].drop_nulls().unique(maintain_order=True).to_list() if "reason" in rows.columns else []
         more = f" (and {len(reasons) - 2} more)" if len(reasons) > 2 else ""
         why = "; ".join(reasons[:2]) + more or ", ".join(rows["status"].drop_nulls().unique().to_list()) or "no run"
@@ -621,7 +622,7 @@ def _replication_notes(summary: pl.DataFrame) -> list[str]:
         notes += [
             f"{names.get(r['model'], (r['model'],))[0]} × {r['replicas']} replicas: "
             + (
-                "not measured yet (no result file)"
+                NOT_MEASURED_NOTE
                 if r["status"] == NOT_MEASURED
                 else r["status"] + (f": {r['reason']}" if r.get("reason") else "")
             )

@@ -34,6 +34,7 @@ import math
 import random
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,18 +223,24 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:_ERROR_EXCERPT]
 
 
-def _body(spec: LoadSpec, prompt: list[int]) -> bytes:
+def request_body(model: str, prompt: Sequence[int], output_len: int, stream: bool) -> dict[str, Any]:
+    """The completion request every client of the project sends: token-id prompt, exactly ``output_len``
+    tokens (``ignore_eos``), greedy."""
     req: dict[str, Any] = {
-        "model": spec.model,
-        "prompt": prompt,
-        "max_tokens": spec.output_len,
+        "model": model,
+        "prompt": list(prompt),
+        "max_tokens": output_len,
         "ignore_eos": True,
         "temperature": 0,
-        "stream": spec.stream,
+        "stream": stream,
     }
-    if spec.stream:
+    if stream:
         req["stream_options"] = {"include_usage": True}
-    return json.dumps(req, separators=(",", ":")).encode()
+    return req
+
+
+def _body(spec: LoadSpec, prompt: list[int]) -> bytes:
+    return json.dumps(request_body(spec.model, prompt, spec.output_len, spec.stream), separators=(",", ":")).encode()
 
 
 class _Phase:

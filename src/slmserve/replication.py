@@ -21,7 +21,15 @@ import polars as pl
 from slmserve import analysis, capacity, io, provenance, telemetry
 from slmserve.gpuslots import GpuSlots
 from slmserve.loadgen import LoadResult, LoadSpec, result_meta, to_frame
-from slmserve.runner import COUNTERS, SweepJob, _guarded_load, _server_spec, load_prompts, to_frame_empty
+from slmserve.runner import (
+    COUNTERS,
+    SweepJob,
+    _guarded_load,
+    _server_spec,
+    load_prompts,
+    to_frame_empty,
+    warmup_for,
+)
 from slmserve.server import InfeasibleError, ServerError, VllmServer, install_signal_handlers, log_tail
 
 log = logging.getLogger(__name__)
@@ -95,7 +103,7 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path) -
                     prompts=prompts["token_ids"][p.start:p.stop].to_list(),
                     request_ids=prompts["request_id"][p.start:p.stop].to_list(),
                     output_len=job.output_len, seed=job.seed, stream=job.stream, replica=i,
-                    warmup=max(job.warmup_requests, min(batch, len(p))),
+                    warmup=warmup_for(job.warmup_requests, batch, len(p)),
                     lag_threshold_s=max(0.010, 0.0005 * len(p)),
                 )
                 for i, (srv, p) in enumerate(zip(servers, parts, strict=True))

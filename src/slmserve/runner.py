@@ -116,9 +116,7 @@ COUNTERS = ("vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:gene
 def load_prompts(job: SweepJob) -> pl.DataFrame:
     """The job's first ``num_requests`` prompts, their token ids fitted to the model's vocabulary
     (:func:`fit_vocabulary`); a missing file is named with the command that rebuilds it."""
-    path = Path(job.prompts_path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: prompts file missing; rebuild it first with `snakemake {path} --cores 1`")
+    path = require_prompts(job.prompts_path)
     prompts = pl.read_parquet(path).head(job.num_requests)
     if prompts.height < job.num_requests:
         raise ValueError(f"{path}: {prompts.height} prompts, the workload needs {job.num_requests}")
@@ -130,6 +128,21 @@ def load_prompts(job: SweepJob) -> pl.DataFrame:
         log.warning("%d prompt token ids >= the vocabulary of %s (%d): folded into it (id mod %d)",
                     folded, job.model, vocab, vocab)  # fmt: skip
     return prompts
+
+
+def require_prompts(path: str | Path) -> Path:
+    """``path`` if the prompts file is there; else an error naming the command that builds it."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: prompts file missing; rebuild it first with `snakemake {path} --cores 1`")
+    return path
+
+
+def warmup_for(warmup_requests: int, batch: int, n: int) -> int:
+    """Warm-up requests before a measured run: one full round of the batch (a fresh server runs its first
+    large batch measurably slower, seen on an H100 with OPT-125m at batch 512), at least ``warmup_requests``,
+    at most the ``n`` requests of the run."""
+    return max(warmup_requests, min(batch, n))
 
 
 def fit_vocabulary(prompts: pl.DataFrame, vocab_size: int | None) -> tuple[pl.DataFrame, int]:
@@ -240,9 +253,7 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
         concurrency=batch if job.batch_control == "client" else None,
         seed=job.seed,
         stream=job.stream,
-        # Warm up with one full round at this batch (at least warmup_requests): a fresh server runs its
-        # first large batch measurably slower (seen on an H100 with OPT-125m at batch 512).
-        warmup=max(job.warmup_requests, min(batch, n)),
+        warmup=warmup_for(job.warmup_requests, batch, n),
         # All-at-once: the client puts every request it may send at t0 in flight (the whole workload under
         # server batch control, one batch under client control); starting one costs ~0.1-0.2 ms of client
         # CPU, so allow ~0.5 ms per request sent at t0.

@@ -185,29 +185,27 @@ def log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _reason(log_text: str, patterns: tuple[str, ...], limit: int) -> str | None:
-    for pattern in patterns:
+def infeasible_reason(log_text: str) -> str | None:
+    """The log line with which vLLM refused the memory share, if any."""
+    for pattern in INFEASIBLE_PATTERNS:
         match = re.search(pattern, log_text)
         if match:
             start = log_text.rfind("\n", 0, match.start()) + 1
             end = log_text.find("\n", match.end())
-            return log_text[start : end if end >= 0 else None].strip()[-limit:]
+            return log_text[start : end if end >= 0 else None].strip()[-400:]
     return None
 
 
-def infeasible_reason(log_text: str) -> str | None:
-    """The log line with which vLLM refused the memory share, if any."""
-    return _reason(log_text, INFEASIBLE_PATTERNS, 400)
-
-
 def unsupported_reason(log_text: str) -> str | None:
-    """The refusal of the model's architecture, from the match on (vLLM lists every supported one after it)."""
-    found = _reason(log_text, UNSUPPORTED_PATTERNS, 100_000)
-    if found is None:
-        return None
-    start = min(m.start() for p in UNSUPPORTED_PATTERNS if (m := re.search(p, found)))
-    reason = found[start:].split(". Supported architectures")[0].split(" [type=")[0]  # pydantic's wrapping
-    return reason[:300]
+    """vLLM's refusal of the model's architecture, from the match to the end of its sentence (without the
+    list of supported architectures that follows, nor pydantic's wrapping)."""
+    for pattern in UNSUPPORTED_PATTERNS:
+        match = re.search(pattern, log_text)
+        if match:
+            end = log_text.find("\n", match.start())
+            line = log_text[match.start() : end if end >= 0 else None]
+            return line.split(". Supported architectures")[0].split(" [type=")[0][:300]
+    return None
 
 
 def kv_cache_tokens_from_log(log_text: str) -> int | None:

@@ -416,11 +416,15 @@ def summarize(frame: pl.DataFrame, t_start: float, t_end: float) -> dict[str, An
     ``gpm_ok`` are true when at least one row of the window has NVML (resp. GPM) data.
     """
     w = frame.filter(pl.col("t_mono_s").is_between(t_start, t_end, closed="both"))
-    ticks = w.group_by("t_mono_s").agg(
-        *[pl.col(col).mean().alias(key) for key, col in _SUMMARY_METRICS.items()],
-        pl.when(pl.col("mem_used_mb").count() > 0).then(pl.col("mem_used_mb").sum()).alias("mem"),
-        pl.col("cpu_util_pct").mean().alias("cpu"),
-    ).sort("t_mono_s")  # a fixed order: float sums below come out the same on every re-plot
+    ticks = (
+        w.group_by("t_mono_s")
+        .agg(
+            *[pl.col(col).mean().alias(key) for key, col in _SUMMARY_METRICS.items()],
+            pl.when(pl.col("mem_used_mb").count() > 0).then(pl.col("mem_used_mb").sum()).alias("mem"),
+            pl.col("cpu_util_pct").mean().alias("cpu"),
+        )
+        .sort("t_mono_s")
+    )  # a fixed order: float sums below come out the same on every re-plot
     out: dict[str, Any] = {}
     for key in _SUMMARY_METRICS:
         out[f"{key}_mean"] = _scalar(ticks[key].mean())

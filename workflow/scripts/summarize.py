@@ -7,11 +7,10 @@ from slmserve import analysis, replication
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
 runs = list(snakemake.input.runs)
-missing = [p for p in snakemake.params.planned if p not in set(runs)]
+have = set(runs)
+missing = [p for p in snakemake.params.planned if p not in have]
 merge = replication.summarize_runs if snakemake.wildcards.experiment == "replication" else analysis.summarize_runs
-summary = analysis.complete(
-    analysis.with_not_measured(merge(runs, snakemake.params.models), missing, snakemake.params.models)
-)
+summary = analysis.with_not_measured(merge(runs, snakemake.params.models), missing, snakemake.params.models)
 analysis.write_summary(summary, snakemake.output[0], snakemake.config)
 logging.info("%d runs summarized into %s", len(runs), snakemake.output[0])
 for path in missing:
