@@ -3,8 +3,10 @@
 # the first call starts Snakemake in its own session so it outlives the call; every call then waits up to
 # WAIT_S seconds and packs what is finished into $OUT/results.tgz (outdir, logs, Snakemake's log).
 #
-#   bench/gpu_dag.sh CONFIGFILE WAIT_S [snakemake targets or options...]
-#   (GPUS=k sets --resources gpu=k; default: the GPUs nvidia-smi lists)
+#   bench/gpu_dag.sh CONFIGFILE WAIT_S [snakemake targets or options...] [+ CONFIGFILE [targets...]]...
+#   (GPUS=k sets --resources gpu=k; default: the GPUs nvidia-smi lists. Stages separated by "+" run one
+#   after another, each its own Snakemake run over its own config, e.g. probes of the paper config, then
+#   the rest of the quick profile; later calls need only WAIT_S, the first argument is then ignored)
 #
 # Needs, carried in .gpu-carry/: snake/ (Snakemake and its wheels that the image lacks), extra/ (polars wheels
 # and the prepared prompts parquet); the vLLM wheel set installed by ../shared/gpu/install-wheelhouse.sh in
@@ -14,25 +16,42 @@ set -uo pipefail
 cfg=${1:?config file}; wait_s=${2:?seconds to wait}; shift 2
 repo=$PWD; wf=/tmp/wf; site=/tmp/site; carry=$repo/.gpu-carry
 export PYTHONPATH=/tmp/vllm-site:$site:$wf/src VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-outdir=$(python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['outdir'])" "$cfg")
+outdir_of() { python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['outdir'])" "$1"; }
+# The stages: "CONFIG targets..." separated by "+"; their configs name the outdirs packed on every call.
+stages=() stage="$cfg"
+for a in "$@"; do
+  if [ "$a" = "+" ]; then stages+=("$stage"); stage=""; else stage+="${stage:+ }$a"; fi
+done
+stages+=("$stage")
 
 pipt=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site")
 [ -d "$site/snakemake" ] || "${pipt[@]}" "$carry"/snake/*.whl || exit 3
 [ -d "$site/polars" ] || "${pipt[@]}" "$carry"/extra/*.whl || exit 3
 if [ ! -f "$wf/.pid" ]; then
-  rm -rf "$wf" && mkdir -p "$wf/$outdir/data"
+  rm -rf "$wf" && mkdir -p "$wf"
   git ls-files -z 2>/dev/null | xargs -0 -r cp --parents -t "$wf" || cp -a "$repo"/. "$wf"/
   [ -f "$wf/Snakefile" ] || cp -a "$repo"/. "$wf"/
-  cp "$carry"/extra/prompts-*.parquet "$wf/$outdir/data/"
+  : >"$wf/.outdirs"
+  for st in "${stages[@]}"; do
+    od=$(outdir_of "${st%% *}") && mkdir -p "$wf/$od/data" && cp "$carry"/extra/prompts-*.parquet "$wf/$od/data/"
+    echo "$od" >>"$wf/.outdirs"
+  done
   [ -f "$carry/resume.tgz" ] && tar xzf "$carry/resume.tgz" -C "$wf" && echo "resumed from resume.tgz"
   cd "$wf" || exit 3
   date -u +%FT%TZ >"$wf/.started"
   gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
   [ "${gpus:-0}" -gt 0 ] 2>/dev/null || gpus=1
-  echo "Snakemake with --resources gpu=$gpus"
-  setsid nohup bash -c 'python3 -m snakemake --configfile "$0" --cores 4 --resources gpu='"$gpus"' \
-      --rerun-incomplete "${@}"; echo "snakemake exit $?" >>"'"$wf"'/snakemake.log"' \
-      "$cfg" "$@" >"$wf/snakemake.log" 2>&1 </dev/null &
+  echo "Snakemake with --resources gpu=$gpus; stages:"; printf '  %s\n' "${stages[@]}"
+  script=""
+  for st in "${stages[@]}"; do
+    # a stage is "CONFIG target..." (no spaces inside paths); the targets go last: --configfile and
+    # --resources take several values and would swallow them
+    script+="python3 -m snakemake --configfile ${st%% *} --cores 4 --resources gpu=$gpus --rerun-incomplete"
+    [ "$st" = "${st%% *}" ] || script+=" ${st#* }"
+    script+="; "
+    script+="echo \"snakemake exit \$? ($st)\"; "
+  done
+  setsid nohup bash -c "$script" >"$wf/snakemake.log" 2>&1 </dev/null &
   echo $! >"$wf/.pid"
 fi
 cd "$wf" || exit 3
@@ -40,6 +59,7 @@ pid=$(cat .pid); t0=$SECONDS
 while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$wait_s" ]; do sleep 5; done
 kill -0 "$pid" 2>/dev/null && echo "RUNNING since $(cat .started)" || echo "FINISHED (started $(cat .started), now $(date -u +%FT%TZ))"
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
-tar czf "$OUT/results.tgz" --exclude='*.tmp' "$outdir" logs snakemake.log .started 2>/dev/null
+mapfile -t outdirs <.outdirs
+tar czf "$OUT/results.tgz" --exclude='*.tmp' --exclude='data' "${outdirs[@]}" logs snakemake.log .started 2>/dev/null
 ls -la "$OUT"
 grep -E "^\[|rule |Finished job|Error|error|exit" snakemake.log | tail -n 40

@@ -5,6 +5,7 @@ does; the real server is exercised in test_server.py and test_engine.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
@@ -58,6 +59,26 @@ def test_unsupported_model_is_one_start_and_a_result_per_batch_size(
     _, caption = figures.families(summary)
     assert "MPT-7B: not served: Model architectures ['MPTForCausalLM'] are not supported for now" in caption
     assert "3 not run: the engine does not serve the model" in caption
+
+
+def test_a_kv_probe_of_an_unsupported_model_is_a_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    monkeypatch.setattr(runner, "VllmServer", StandInUnsupportedServer)
+    StandInUnsupportedServer.starts = 0
+    job = runner.SweepJob(
+        model="mpt7b", model_path="config/models/mpt-7b", load_format="dummy", tensor_parallel=1,
+        batch_sizes=[512], prompts_path=Path("-"), outputs={}, log_dir=tmp_path, input_len=512, output_len=256,
+        num_requests=1,
+    )  # fmt: skip
+    out = tmp_path / "mpt7b-whole.json"
+    result = runner.probe_capacity(job, None, out)
+    assert StandInUnsupportedServer.starts == 1
+    on_disk = json.loads(out.read_text())
+    assert on_disk["status"] == result["status"] == "unsupported"
+    assert on_disk["reason"] == "Model architectures ['MPTForCausalLM'] are not supported for now"
+    assert on_disk["kv_cache_tokens"] == 0 and on_disk["max_batch_admission"] == 0
+    assert on_disk["provenance"]["config_hash"]
 
 
 def test_prompt_ids_are_folded_into_a_smaller_vocabulary(tmp_path: Path) -> None:

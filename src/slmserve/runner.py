@@ -360,6 +360,9 @@ def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[st
         except InfeasibleError as exc:
             info = {"kv_cache_tokens": 0, "block_size": None}
             result.update(status="infeasible", reason=exc.reason)
+        except UnsupportedError as exc:  # the architecture is refused: a result (Figure 2 names it)
+            info = {"kv_cache_tokens": 0, "block_size": None}
+            result.update(status="unsupported", reason=exc.reason)
         tokens, block = info.get("kv_cache_tokens") or 0, info.get("block_size")
         result.update(
             kv_cache_tokens=tokens,
