@@ -14,7 +14,7 @@
 # the DAG resumes from them. Set SLMSERVE_GIT_SHA to the commit the tree was sent from (no .git travels).
 set -uo pipefail
 cfg=${1:?config file}; wait_s=${2:?seconds to wait}; shift 2
-repo=$PWD; wf=/tmp/wf; site=/tmp/site; carry=$repo/.gpu-carry
+repo=$PWD; wf=/tmp/wf; site=/tmp/site; carry=${GPU_CARRY:-$repo/.gpu-carry}
 export PYTHONPATH=/tmp/vllm-site:$site:$wf/src VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 outdir_of() { python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['outdir'])" "$1"; }
 # The stages: "CONFIG targets..." separated by "+"; their configs name the outdirs packed on every call.
@@ -36,7 +36,7 @@ if [ ! -f "$wf/.pid" ]; then
     od=$(outdir_of "${st%% *}") && mkdir -p "$wf/$od/data" && cp "$carry"/extra/prompts-*.parquet "$wf/$od/data/"
     echo "$od" >>"$wf/.outdirs"
   done
-  [ -f "$carry/resume.tgz" ] && tar xzf "$carry/resume.tgz" -C "$wf" && echo "resumed from resume.tgz"
+  [ -f "$repo/.gpu-carry/resume.tgz" ] && tar xzf "$repo/.gpu-carry/resume.tgz" -C "$wf" && echo "resumed from resume.tgz"
   cd "$wf" || exit 3
   date -u +%FT%TZ >"$wf/.started"
   gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
