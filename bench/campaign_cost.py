@@ -22,12 +22,11 @@ def main() -> None:
     jobs = pl.concat([cost.parse_log(p.read_text().splitlines(), str(p)) for p in args.logs])
     if args.csv:
         atomic_write_text(args.csv, jobs.write_csv())
-    finished = jobs.filter(pl.col("end").is_not_null())
     gpu = cost.by_figure(jobs)
     print(cost.markdown(gpu))
     print(f"GPU jobs: {int(gpu['finished'].sum())} finished, {int(gpu['unfinished'].sum())} unfinished; "
-          f"{gpu['seconds'].sum() / 60:.1f} min of finished GPU jobs; wall from first start to last end: "
-          f"{(finished['end'].max() - jobs['start'].min()).total_seconds() / 60:.1f} min")  # fmt: skip
+          f"{gpu['seconds'].sum() / 60:.1f} min of finished GPU jobs; wall (per log, first start to last end, "
+          f"summed over {len(args.logs)} log(s)): {cost.wall_seconds(jobs) / 60:.1f} min")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ if [ ! -f "$wf/.pid" ]; then
   for st in "${stages[@]}"; do
     # a stage is "CONFIG target..." (no spaces inside paths); the targets go last: --configfile and
     # --resources take several values and would swallow them
-    script+="python3 -m snakemake --configfile ${st%% *} --cores 4 --resources gpu=$gpus --rerun-incomplete"
+    script+="python3 -m snakemake --configfile ${st%% *} --cores 4 --resources gpu=$gpus --rerun-incomplete --keep-going"
     [ "$st" = "${st%% *}" ] || script+=" ${st#* }"
     script+="; "
     script+="echo \"snakemake exit \$? ($st)\"; "

@@ -112,6 +112,8 @@ def job_params(model, tp=1, out=None, rate=None, batch_sizes=()):
         "telemetry_interval_s": tel["interval_ms"] / 1000,
         "telemetry_enabled": tel["enabled"],
         "profile": PROFILE,
+        # only when set: a new key would make Snakemake's params trigger re-run finished jobs
+        **({"engine_args": list(entry["engine_args"])} if entry.get("engine_args") else {}),
         **{k: eng[k] for k in ("batch_control", "memory_share", "memory_budget_gb", "max_model_len",
                                "dtype", "startup_timeout_s", "cpu_kv_cache_gb", "stream_interval", "fits")},
     }  # fmt: skip

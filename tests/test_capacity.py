@@ -116,7 +116,9 @@ def test_table1_keeps_a_planned_model_without_probes(tmp_path: Path, monkeypatch
     table = figures.table1(frame)
     assert table.filter(pl.col("Model") == "OPT-13B")["measured (whole GPU)"].item() == "–"
     md = figures.table1_markdown(frame)
-    assert "NVIDIA H100 80GB HBM3" in md and "Not measured yet (no KV-cache probe result): OPT-13B." in md
+    # OPT-125M has its whole-GPU probe only, OPT-13B none: each is named with what it lacks
+    assert "NVIDIA H100 80GB HBM3" in md
+    assert "Not measured yet (no KV-cache probe result): OPT-125M (36 GB), OPT-13B (36 GB, whole GPU)." in md
 
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in (ROOT / "config/models").iterdir()))

@@ -119,8 +119,9 @@ def _job_counts(stdout: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("resources", [[], ["--resources", "gpu=4"]])
-def test_dry_run_paper_dag(resources: list[str]) -> None:
-    out = snakemake("all", "-n", "--cores", "4", *resources)
+def test_dry_run_paper_dag(resources: list[str], tmp_path: Path) -> None:
+    out = snakemake("all", "-n", "--cores", "4", *resources, "--config", f"outdir={tmp_path}/results",
+                    f"figdir={tmp_path}/figs")  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     counts = _job_counts(out.stdout)
     # 5 models x 3 GPU counts + 3 other families on one GPU, one sweep job each (all batch sizes inside)
@@ -144,9 +145,24 @@ def test_dry_run_smoke_dag(tmp_path: Path) -> None:
                     "summarize": 4, "table1": 1, "all": 1, "total": 24}  # fmt: skip
 
 
+def test_paper_dag_plans_only_the_table1_probes_missing_from_results(tmp_path: Path) -> None:
+    """results/ holds the paper profile's KV-cache probes measured so far on an H100: `all` plans the other
+    two (OPT-6.7B with 36 GB, OPT-13B with the whole GPU) and re-runs none of the eight that are there;
+    everything else of the paper is still planned."""
+    committed = sorted(p.name for p in (ROOT / "results/capacity").glob("opt*.json"))
+    if len(committed) != 8:
+        pytest.skip("results/capacity of this checkout is not the committed one")
+    out = snakemake("all", "-n", "--cores", "4", "--config", f"figdir={tmp_path}/figs")
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    assert counts["kv_probe"] == 2 and counts["table1"] == 1 and counts["sweep"] == 18
+    assert "wildcards: model=opt6.7b, budget=36gb" in out.stdout
+    assert "wildcards: model=opt13b, budget=whole" in out.stdout
+
+
 @pytest.mark.parametrize("resources", [[], ["--resources", "gpu=4"]])
-def test_dry_run_named_targets(resources: list[str]) -> None:
-    """Each named target builds exactly what it needs."""
+def test_dry_run_named_targets(resources: list[str], tmp_path: Path) -> None:
+    """Each named target builds exactly what it needs (from an empty results folder)."""
     cases = {
         "results/replication/opt125m_r3.parquet": {"prepare_dataset": 1, "kv_probe": 1, "replication": 1},
         "paper_figures/table1.md": {"kv_probe": 10, "table1": 1},
@@ -159,7 +175,9 @@ def test_dry_run_named_targets(resources: list[str]) -> None:
         "demo": {"prepare_dataset": 1, "sweep": 15, "summarize": 1, "figure_throughput_latency": 1, "demo": 1},
     }  # fmt: skip
     for target, expected in cases.items():
-        out = snakemake(target, "-n", "--cores", "4", *resources)
+        target = target.replace("results/", f"{tmp_path}/results/").replace("paper_figures/", f"{tmp_path}/figs/")
+        out = snakemake(target, "-n", "--cores", "4", *resources, "--config", f"outdir={tmp_path}/results",
+                        f"figdir={tmp_path}/figs")  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
         counts = _job_counts(out.stdout)
         counts.pop("total")
@@ -197,8 +215,9 @@ def test_dry_run_quick_profile(tmp_path: Path) -> None:
 
 
 def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -> None:
-    """results/quick holds the part of the quick profile measured on an H100 (12 of its 18 GPU jobs): the DAG
-    runs only what is missing, whatever the checkout's file times (the prompts are rebuilt, not the runs)."""
+    """results/quick holds the quick profile measured on an H100 (all 18 GPU jobs): whatever the checkout's
+    file times, `all` re-runs no measurement (the prompts are rebuilt, not the runs); with a sweep point and a
+    replication run taken away, exactly those two jobs are planned."""
     committed = ROOT / "results/quick"
     if not (committed / "capacity").exists():
         pytest.skip("results/quick not in this checkout")
@@ -206,13 +225,22 @@ def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -
     shutil.copytree(committed, out, ignore=shutil.ignore_patterns("data"))
     for path in out.rglob("*"):  # older than every script and config, as a checkout may leave them
         os.utime(path, (1e9, 1e9))
-    proc = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", "config/quick.yaml",
-                     "--config", f"outdir={out}", f"figdir={tmp_path}/figs")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    counts = _job_counts(proc.stdout)
-    assert counts.get("kv_probe", 0) == 0  # all six Table 1 probes are there
-    assert counts["sweep"] == 1 and counts["replication"] == 5 and counts["prepare_dataset"] == 1
-    assert "wildcards: model=opt1.3b, tp=1, out=256, rate=inf" in proc.stdout
+
+    def planned() -> tuple[dict[str, int], str]:
+        proc = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", "config/quick.yaml",
+                         "--config", f"outdir={out}", f"figdir={tmp_path}/figs")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return _job_counts(proc.stdout), proc.stdout
+
+    counts, _ = planned()
+    assert not {"kv_probe", "sweep", "replication"} & set(counts), counts
+    assert "prepare_dataset" not in counts  # finished jobs do not even list the prompts
+    (out / "runs/opt1.3b/tp1-out256-rateinf/bs64.requests.parquet").unlink()
+    (out / "replication/opt2.7b_r2.parquet").unlink()
+    counts, stdout = planned()
+    assert counts.get("kv_probe", 0) == 0 and counts["sweep"] == 1 and counts["replication"] == 1
+    assert "wildcards: model=opt1.3b, tp=1, out=256, rate=inf" in stdout
+    assert "wildcards: model=opt2.7b, n=2" in stdout
 
 
 def test_every_profile_leaves_out_the_script_mtime_code_trigger() -> None:

@@ -24,6 +24,17 @@ def test_jobs_and_seconds_from_the_h100_quick_run_log() -> None:
     assert "Figures 5-7" in cost.by_figure(jobs).filter(pl.col("rule") == "replication")["figures"].item()
 
 
+def test_a_campaign_resumed_on_a_second_machine_adds_up_per_log() -> None:
+    """The quick profile on the H100: 12 jobs + 1 cut off on one machine, the other 6 on a later one."""
+    logs = [LOG, ROOT / "bench/results/h100-quick-resume/snakemake.log"]
+    jobs = pl.concat([cost.parse_log(p.read_text().splitlines(), str(p)) for p in logs])
+    rules = cost.by_rule(jobs)
+    row = dict(zip(rules["rule"], rules.select("finished", "unfinished", "seconds").rows(), strict=True))
+    assert row == {"kv_probe": (6, 0, 473), "replication": (9, 1, 1358), "sweep": (3, 0, 710)}
+    # 25 min 45 s (13:54:22 -> 14:20:07) + 16 min 40 s (16:49:48 -> 17:06:28), not the 3 h between them
+    assert cost.wall_seconds(jobs) == 1545 + 1000
+
+
 def test_parse_log_ignores_rule_all_and_text_between_jobs() -> None:
     lines = [
         "Building DAG of jobs...",

@@ -107,3 +107,27 @@ def test_llama_jobs_record_the_folding_and_captions_state_it(tmp_path: Path) -> 
     summary = pl.DataFrame({"model": ["llama7b"], "status": ["ok"], "prompt_ids_folded_into_vocab": [32_000]})
     text = figures.caption(summary, "x")
     assert "LLaMA-7B: prompt token ids (GPT-2 BPE) folded into its 32,000-token vocabulary" in text
+
+
+def test_a_models_engine_args_reach_the_server_the_record_and_the_caption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    args = ["--attention-backend", "TRITON_ATTN"]
+    job = runner.SweepJob(
+        model="mpt7b", model_path="config/models/mpt-7b", load_format="dummy", tensor_parallel=1,
+        batch_sizes=[1], prompts_path=Path("-"), outputs={}, log_dir=tmp_path, input_len=4, output_len=4,
+        num_requests=1, engine_args=args,
+    )  # fmt: skip
+    with runner.GpuSlots(1, label="test") as alloc:
+        argv = runner._server_spec(job, alloc, 8, "t").argv(8000)
+    assert argv[-2:] == args and argv.count("--attention-backend") == 1
+    assert job.describe()["engine_args"] == args
+    plain = runner.SweepJob(**{**vars(job), "engine_args": []})
+    assert "engine_args" not in plain.describe()  # the description of runs from before the setting
+    summary = pl.DataFrame({"model": ["mpt7b", "opt6.7b"], "family": ["MPT", "OPT"], "params": ["7B", "6.7B"],
+                            "status": ["ok", "ok"], "engine_args": [" ".join(args), None]})  # fmt: skip
+    text = figures.caption(summary, "x")
+    assert "MPT-7B: served with the extra vLLM arguments `--attention-backend TRITON_ATTN`" in text
+    assert "OPT-6.7B: served with" not in text

@@ -172,6 +172,9 @@ def test_a_refusal_left_in_the_log_by_an_earlier_start_does_not_count(stand_in) 
          "architecture MPTForCausalLM was supported in vLLM until v0.28.0, and is not supported anymore. Please use "
          "an older version of vLLM. [type=value_error, input_value=ArgsKwargs((), {'model': 'x'})]",
          "Model architecture MPTForCausalLM was supported in vLLM until v0.28.0, and is not supported anymore"),
+        ("(EngineCore pid=4314)     raise NotImplementedError(\n(EngineCore pid=4314) NotImplementedError: FA2 does "
+         "not support scheduler_metadata, q_descale, k_descale, v_descale",  # vLLM 0.26.0, MPT-7B, H100
+         "NotImplementedError: FA2 does not support scheduler_metadata, q_descale, k_descale, v_descale"),
         ("ValueError: No available memory for the cache blocks.", None),
     ],
 )  # fmt: skip

@@ -119,6 +119,7 @@ def summarize_run(requests_path: str | os.PathLike[str], models: Mapping[str, An
         "arrival_rate": run["arrival_rate"],
         "batch_control": run["batch_control"],
         "prompt_ids_folded_into_vocab": (run.get("extra") or {}).get("prompt_ids_folded_into_vocab"),
+        "engine_args": " ".join(run.get("engine_args") or []) or None,
         "status": meta["status"],
         "reason": meta.get("reason"),
         "kv_cache_tokens": (meta.get("server") or {}).get("kv_cache_tokens"),

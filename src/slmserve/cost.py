@@ -79,6 +79,13 @@ def by_figure(jobs: pl.DataFrame) -> pl.DataFrame:
     return by_rule(jobs).with_columns(figures=pl.col("rule").replace_strict(dict(RULE_FIGURES)))
 
 
+def wall_seconds(jobs: pl.DataFrame) -> float:
+    """Wall time of the runs: per log (``source``), first job start to last job end, summed -- a campaign
+    resumed on another machine hours later is not charged for the time between its logs."""
+    spans = jobs.group_by("source").agg(span=(pl.col("end").max() - pl.col("start").min()).dt.total_seconds())
+    return float(spans["span"].fill_null(0).sum())
+
+
 def markdown(table: pl.DataFrame) -> str:
     """A polars frame as a Markdown table (floats to one decimal)."""
     cells = [[f"{v:.1f}" if isinstance(v, float) else "" if v is None else str(v) for v in row] for row in table.rows()]

@@ -267,6 +267,11 @@ def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None, te
                 f"- {names.get(key, (key,))[0]}: prompt token ids (GPT-2 BPE) folded into its {int(vocab):,}-token "
                 "vocabulary (id mod vocabulary size); prompt lengths unchanged"
             )
+    if "engine_args" in cols:
+        names = _names(summary)
+        with_args = summary.filter(pl.col("engine_args").is_not_null())
+        for key, args in sorted(set(zip(with_args["model"], with_args["engine_args"], strict=True))):
+            lines.append(f"- {names.get(key, (key,))[0]}: served with the extra vLLM arguments `{args}`")
     lines += [f"- {n}" for n in _not_served(summary)]
     lines += [f"- {n}" for n in _telemetry_note(summary, telemetry)]
     lines.append(f"- Differs from {PAPER}: engine version, GPU, random weights.")
@@ -764,7 +769,12 @@ def table1_markdown(df: pl.DataFrame, rule_note: str = RULE_NOTE_PLACEHOLDER) ->
     )
     lines = [head, align, *body, "", note]
     if "measured_max_batch_whole" in df.columns:
-        todo = [names[m][0] for m in df.filter(pl.col("measured_max_batch_whole").is_null())["model"]]
+        todo = []
+        for r in df.iter_rows(named=True):
+            probes = [budget] if budget != "budget" and r.get("measured_max_batch_budget") is None else []
+            probes += ["whole GPU"] if r["measured_max_batch_whole"] is None else []
+            if probes:
+                todo.append(f"{names[r['model']][0]} ({', '.join(probes)})")
         if todo:
             lines.append(f"Not measured yet (no KV-cache probe result): {', '.join(todo)}.")
     if kv:

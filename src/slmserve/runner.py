@@ -73,12 +73,15 @@ class SweepJob:
     telemetry_interval_s: float = 0.1
     telemetry_enabled: bool = True
     profile: str = "paper"
+    engine_args: list[str] = field(default_factory=list)  # extra vLLM arguments of this model (config)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         d = asdict(self)
         for key in ("outputs", "prompts_path", "log_dir"):
             d.pop(key)
+        if not d["engine_args"]:  # none: the description (and config hash) of runs from before the field
+            d.pop("engine_args")
         return d
 
 
@@ -187,6 +190,7 @@ def _server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) 
         stream_interval=job.stream_interval,
         env=alloc.env(),
         startup_timeout_s=job.startup_timeout_s,
+        extra_args=tuple(job.engine_args),
         **memory_settings(job, alloc),
     )
 
