@@ -6,7 +6,7 @@
 #   bench/gpu_dag.sh CONFIGFILE WAIT_S [snakemake targets or options...] [+ CONFIGFILE [targets...]]...
 #   (GPUS=k sets --resources gpu=k; default: the GPUs nvidia-smi lists. Stages separated by "+" run one
 #   after another, each its own Snakemake run over its own config, e.g. probes of the paper config, then
-#   the rest of the quick profile; later calls need only WAIT_S, the first argument is then ignored)
+#   the rest of the quick profile. Later calls, while Snakemake runs: CONFIGFILE WAIT_S, the rest ignored)
 #
 # Needs, carried in .gpu-carry/: snake/ (Snakemake and its wheels that the image lacks), extra/ (polars wheels
 # and the prepared prompts parquet); the vLLM wheel set installed by ../shared/gpu/install-wheelhouse.sh in
@@ -20,9 +20,9 @@ outdir_of() { python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1
 # The stages: "CONFIG targets..." separated by "+"; their configs name the outdirs packed on every call.
 stages=() stage="$cfg"
 for a in "$@"; do
-  if [ "$a" = "+" ]; then stages+=("$stage"); stage=""; else stage+="${stage:+ }$a"; fi
+  if [ "$a" = "+" ]; then [ -n "$stage" ] && stages+=("$stage"); stage=""; else stage+="${stage:+ }$a"; fi
 done
-stages+=("$stage")
+[ -n "$stage" ] && stages+=("$stage")
 
 pipt=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site")
 [ -d "$site/snakemake" ] || "${pipt[@]}" "$carry"/snake/*.whl || exit 3
@@ -33,7 +33,8 @@ if [ ! -f "$wf/.pid" ]; then
   [ -f "$wf/Snakefile" ] || cp -a "$repo"/. "$wf"/
   : >"$wf/.outdirs"
   for st in "${stages[@]}"; do
-    od=$(outdir_of "${st%% *}") && mkdir -p "$wf/$od/data" && cp "$carry"/extra/prompts-*.parquet "$wf/$od/data/"
+    od=$(outdir_of "${st%% *}") && [ -n "$od" ] || { echo "no outdir in ${st%% *}" >&2; exit 3; }
+    mkdir -p "$wf/$od/data" && cp "$carry"/extra/prompts-*.parquet "$wf/$od/data/"
     echo "$od" >>"$wf/.outdirs"
   done
   [ -f "$repo/.gpu-carry/resume.tgz" ] && tar xzf "$repo/.gpu-carry/resume.tgz" -C "$wf" && echo "resumed from resume.tgz"

@@ -50,11 +50,13 @@ def test_unsupported_model_is_one_start_and_a_result_per_batch_size(
         model="mpt7b", model_path="config/models/mpt-7b", load_format="dummy", tensor_parallel=1,
         batch_sizes=sizes, prompts_path=prompts, outputs=outputs, log_dir=tmp_path, input_len=4,
         output_len=4, num_requests=2, batch_control=batch_control, telemetry_enabled=False,
+        engine_args=["--attention-backend", "TRITON_ATTN"],
     )  # fmt: skip
     runner.run_sweep(job)
     assert StandInUnsupportedServer.starts == 1
     summary = analysis.summarize_runs([str(outputs[b][0]) for b in sizes], {"mpt7b": {"family": "MPT"}})
     assert summary["status"].to_list() == ["unsupported"] * 3
+    assert summary["engine_args"].to_list() == ["--attention-backend TRITON_ATTN"] * 3  # recorded with each run
     assert summary["batch_size"].to_list() == sizes
     _, caption = figures.families(summary)
     assert "MPT-7B: not served: Model architectures ['MPTForCausalLM'] are not supported for now" in caption
@@ -77,8 +79,10 @@ def test_a_kv_probe_of_an_unsupported_model_is_a_result(tmp_path: Path, monkeypa
     on_disk = json.loads(out.read_text())
     assert on_disk["status"] == result["status"] == "unsupported"
     assert on_disk["reason"] == "Model architectures ['MPTForCausalLM'] are not supported for now"
-    assert on_disk["kv_cache_tokens"] == 0 and on_disk["max_batch_admission"] == 0
+    assert on_disk["kv_cache_tokens"] is None and on_disk["max_batch_admission"] is None  # not a capacity of 0
     assert on_disk["provenance"]["config_hash"]
+    with pytest.raises(UnsupportedError, match=r"mpt7b-whole.json: the engine does not serve mpt7b \(Model arch"):
+        runner.max_batch_from_probe(on_disk, "admission", str(out))
 
 
 def test_prompt_ids_are_folded_into_a_smaller_vocabulary(tmp_path: Path) -> None:
@@ -129,5 +133,5 @@ def test_a_models_engine_args_reach_the_server_the_record_and_the_caption(
     summary = pl.DataFrame({"model": ["mpt7b", "opt6.7b"], "family": ["MPT", "OPT"], "params": ["7B", "6.7B"],
                             "status": ["ok", "ok"], "engine_args": [" ".join(args), None]})  # fmt: skip
     text = figures.caption(summary, "x")
-    assert "MPT-7B: served with the extra vLLM arguments `--attention-backend TRITON_ATTN`" in text
-    assert "OPT-6.7B: served with" not in text
+    assert "MPT-7B: vLLM started with the extra arguments `--attention-backend TRITON_ATTN`" in text
+    assert "OPT-6.7B: vLLM started with" not in text

@@ -39,6 +39,13 @@ STAND_IN = textwrap.dedent(
         sys.exit(1)
     if mode == "hang":
         time.sleep(600)
+    if mode in ("notimpl-nomem", "notimpl-hang"):
+        print("WARNING NotImplementedError: no fused kernel, falling back", flush=True)
+        print("ERROR EngineCore failed to start.", flush=True)
+        if mode == "notimpl-hang":
+            time.sleep(600)
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
+        sys.exit(1)
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -149,6 +156,22 @@ def test_architecture_refusal_is_unsupported(stand_in) -> None:
     assert all(gone(p) for p in pids_of(pids))
 
 
+def test_out_of_memory_wins_over_a_not_implemented_line(stand_in) -> None:
+    spec, _ = stand_in("notimpl-nomem")
+    with pytest.raises(InfeasibleError) as info:
+        VllmServer(spec).__enter__()
+    assert "out of memory" in info.value.reason
+
+
+def test_a_start_that_hangs_is_an_error_not_an_unsupported_model(stand_in) -> None:
+    spec, pids = stand_in("notimpl-hang", timeout=3.0)
+    with pytest.raises(ServerError) as info:
+        VllmServer(spec).__enter__()
+    assert not isinstance(info.value, UnsupportedError | InfeasibleError)
+    assert "not healthy after 3 s" in str(info.value)
+    assert all(gone(p) for p in pids_of(pids))
+
+
 def test_a_refusal_left_in_the_log_by_an_earlier_start_does_not_count(stand_in) -> None:
     spec, _ = stand_in("exit")
     spec.log_path.write_text("ValueError: Model architectures ['FooForCausalLM'] are not supported for now.\n")
@@ -172,9 +195,13 @@ def test_a_refusal_left_in_the_log_by_an_earlier_start_does_not_count(stand_in) 
          "architecture MPTForCausalLM was supported in vLLM until v0.28.0, and is not supported anymore. Please use "
          "an older version of vLLM. [type=value_error, input_value=ArgsKwargs((), {'model': 'x'})]",
          "Model architecture MPTForCausalLM was supported in vLLM until v0.28.0, and is not supported anymore"),
-        ("(EngineCore pid=4314)     raise NotImplementedError(\n(EngineCore pid=4314) NotImplementedError: FA2 does "
-         "not support scheduler_metadata, q_descale, k_descale, v_descale",  # vLLM 0.26.0, MPT-7B, H100
+        # vLLM 0.26.0, MPT-7B, H100 (lines of the real log): the engine core fails to start on it
+        ("(EngineCore pid=4314) ERROR 11-21 16:49:17 [core.py:1330] EngineCore failed to start.\n"
+         "(EngineCore pid=4314)     raise NotImplementedError(\n(EngineCore pid=4314) NotImplementedError: FA2 does "
+         "not support scheduler_metadata, q_descale, k_descale, v_descale",
          "NotImplementedError: FA2 does not support scheduler_metadata, q_descale, k_descale, v_descale"),
+        # a NotImplementedError that vLLM or torch caught (a warning's traceback) is not a refusal
+        ("WARNING fallback: NotImplementedError: no fused kernel for this shape", None),
         ("ValueError: No available memory for the cache blocks.", None),
     ],
 )  # fmt: skip

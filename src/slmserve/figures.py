@@ -271,7 +271,7 @@ def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None, te
         names = _names(summary)
         with_args = summary.filter(pl.col("engine_args").is_not_null())
         for key, args in sorted(set(zip(with_args["model"], with_args["engine_args"], strict=True))):
-            lines.append(f"- {names.get(key, (key,))[0]}: served with the extra vLLM arguments `{args}`")
+            lines.append(f"- {names.get(key, (key,))[0]}: vLLM started with the extra arguments `{args}`")
     lines += [f"- {n}" for n in _not_served(summary)]
     lines += [f"- {n}" for n in _telemetry_note(summary, telemetry)]
     lines.append(f"- Differs from {PAPER}: engine version, GPU, random weights.")

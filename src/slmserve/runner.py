@@ -364,18 +364,22 @@ def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[st
         except InfeasibleError as exc:
             info = {"kv_cache_tokens": 0, "block_size": None}
             result.update(status="infeasible", reason=exc.reason)
-        except UnsupportedError as exc:  # the architecture is refused: a result (Figure 2 names it)
-            info = {"kv_cache_tokens": 0, "block_size": None}
+        except UnsupportedError as exc:  # not served: a result (Figure 2 names it), with no capacity at all
+            info = {"kv_cache_tokens": None, "block_size": None}
             result.update(status="unsupported", reason=exc.reason)
-        tokens, block = info.get("kv_cache_tokens") or 0, info.get("block_size")
+        tokens, block = info.get("kv_cache_tokens"), info.get("block_size")
+        if tokens is None and result["status"] != "unsupported":
+            tokens = 0
+        fits = {
+            key: None if tokens is None else capacity.max_batch(tokens, capacity.blocks_rounded(per_seq, block))
+            for key, per_seq in (("max_batch_admission", job.input_len),
+                                 ("max_batch_no_preemption", job.input_len + job.output_len))
+        }  # fmt: skip
         result.update(
             kv_cache_tokens=tokens,
             block_size=block,
             gpu_memory_utilization=spec.gpu_memory_utilization,
-            max_batch_admission=capacity.max_batch(tokens, capacity.blocks_rounded(job.input_len, block)),
-            max_batch_no_preemption=capacity.max_batch(
-                tokens, capacity.blocks_rounded(job.input_len + job.output_len, block)
-            ),
+            **fits,
             server=info,
             provenance=provenance.collect({**job.describe(), "probe_budget_gb": budget_gb}, alloc.nvml_indices),
         )
@@ -383,7 +387,13 @@ def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[st
     return result
 
 
-def max_batch_from_probe(probe: dict[str, Any], fits: str) -> int:
+def max_batch_from_probe(probe: dict[str, Any], fits: str, source: str = "the KV-cache probe") -> int:
+    """The one-GPU maximum batch of a probe; an error naming the probe if the engine does not serve the model."""
+    if probe.get("status") == "unsupported":
+        raise UnsupportedError(
+            f"{source}: the engine does not serve {probe.get('model')} ({probe.get('reason')}); take it out of "
+            "the experiments that need its maximum batch (replication, output_lengths)"
+        )
     return int(probe["max_batch_admission" if fits == "admission" else "max_batch_no_preemption"])
 
 

@@ -47,10 +47,13 @@ UNSUPPORTED_PATTERNS: tuple[str, ...] = (
     r"Model architectures \[.*?\] are not supported for now",
     r"Model architecture \S+ was supported in vLLM until v\S+, and is not supported anymore",
     r"Model architecture \S+ is not supported in-tree anymore",
-    # the engine loads the model but has no implementation of an operation it needs (vLLM 0.26.0, MPT-7B on
-    # an H100: ALiBi falls back to FlashAttention 2, which rejects FA3's scheduler metadata)
-    r"NotImplementedError: [^\n]+",
 )
+# The engine loads the model, then its start fails for lack of an implementation of an operation the model
+# needs (vLLM 0.26.0, MPT-7B on an H100: ALiBi layers fall back to FlashAttention 2, which rejects FA3's
+# scheduler metadata). Counted only when the engine core reports that it failed to start, and the last
+# NotImplementedError of the log (the root of that failure) is the reason.
+ENGINE_START_FAILED = re.compile(r"EngineCore failed to start|Engine core initialization failed")
+_NOT_IMPLEMENTED = re.compile(r"NotImplementedError: ([^\n]+)")
 _KV_LOG_RE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
 
 
@@ -200,14 +203,18 @@ def infeasible_reason(log_text: str) -> str | None:
 
 
 def unsupported_reason(log_text: str) -> str | None:
-    """vLLM's refusal of the model's architecture, from the match to the end of its sentence (without the
-    list of supported architectures that follows, nor pydantic's wrapping)."""
+    """Why the engine does not serve the model: its refusal of the architecture, from the match to the end
+    of its sentence (without the list of supported architectures that follows, nor pydantic's wrapping);
+    else, if the engine core failed to start on a ``NotImplementedError``, that error's last line."""
     for pattern in UNSUPPORTED_PATTERNS:
         match = re.search(pattern, log_text)
         if match:
             end = log_text.find("\n", match.start())
             line = log_text[match.start() : end if end >= 0 else None]
             return line.split(". Supported architectures")[0].split(" [type=")[0][:300]
+    missing = _NOT_IMPLEMENTED.findall(log_text)
+    if missing and ENGINE_START_FAILED.search(log_text):
+        return f"NotImplementedError: {missing[-1].strip()}"[:300]
     return None
 
 
@@ -283,32 +290,35 @@ class VllmServer:
         self.startup_s = time.monotonic() - t0
         self._read_kv_capacity()
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, exited: bool) -> None:
+        """Raise why the start failed: a memory refusal (infeasible) first, then -- only if the server
+        exited, never for a start that hangs -- a model the engine does not serve (unsupported), else an
+        error."""
         tail = log_tail(self.spec.log_path)
         full = ""
         if self.spec.log_path.exists():
             with self.spec.log_path.open("rb") as fh:
                 fh.seek(self._log_start)  # earlier starts' lines (an old refusal) do not count
                 full = fh.read().decode(errors="replace")
-        unsupported = unsupported_reason(full)
-        if unsupported is not None:
-            raise UnsupportedError(unsupported, self.spec.log_path, tail)
         reason = infeasible_reason(full)
         if reason is not None:
             raise InfeasibleError(reason, self.spec.log_path, tail)
+        unsupported = unsupported_reason(full) if exited else None
+        if unsupported is not None:
+            raise UnsupportedError(unsupported, self.spec.log_path, tail)
         raise ServerError(message, self.spec.log_path, tail)
 
     def _wait_healthy(self, t0: float) -> None:
         deadline = t0 + self.spec.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                self._fail(f"vLLM server exited with code {self.proc.returncode} before becoming healthy")
+                self._fail(f"vLLM server exited with code {self.proc.returncode} before becoming healthy", True)
             with contextlib.suppress(OSError):
                 status, _ = _get(f"{self.base_url}/health", timeout=2.0)
                 if status == 200:
                     return
             time.sleep(0.5)
-        self._fail(f"vLLM server not healthy after {self.spec.startup_timeout_s:.0f} s")
+        self._fail(f"vLLM server not healthy after {self.spec.startup_timeout_s:.0f} s", False)
 
     def _read_kv_capacity(self) -> None:
         """KV-cache capacity in tokens: ``num_gpu_blocks * block_size`` from /metrics, else the log."""

@@ -8,7 +8,9 @@ from slmserve.runner import SweepJob, max_batch_from_probe, run_points
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 params = dict(snakemake.params.job)
-batch = max_batch_from_probe(json.loads(Path(snakemake.input.capacity).read_text()), params["fits"])
+batch = max_batch_from_probe(
+    json.loads(Path(snakemake.input.capacity).read_text()), params["fits"], snakemake.input.capacity
+)
 points = {
     (out, rate): (Path(req), Path(tel))
     for (out, rate), req, tel in zip(
