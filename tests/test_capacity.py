@@ -63,9 +63,11 @@ def test_table1_frame_from_probe_files(tmp_path: Path, monkeypatch: pytest.Monke
     for model, (tokens, batch) in probes.items():
         for kind, mult in (("whole", 2), ("36gb", 1)):
             p = tmp_path / f"{model}-{kind}.json"
+            profile = "quick" if model == "opt1.3b" else "paper"  # one profile's probes in another's table
             p.write_text(json.dumps({"model": model, "kv_cache_tokens": tokens * mult, "max_batch_admission": batch,
                                      "provenance": {"gpu_models": ["NVIDIA H100 80GB HBM3"], "engine": "vllm",
-                                                    "engine_version": "0.26.0"}}))  # fmt: skip
+                                                    "engine_version": "0.26.0",
+                                                    "config": {"profile": profile}}}))  # fmt: skip
             (whole if kind == "whole" else budget).append(str(p))
     models = {m: {"config": f"config/models/{OPT[m]}", "params": m[3:].upper()} for m in probes}
     monkeypatch.chdir(ROOT)
@@ -76,6 +78,11 @@ def test_table1_frame_from_probe_files(tmp_path: Path, monkeypatch: pytest.Monke
     assert row["weights_gb"] == pytest.approx(2.63, abs=0.01)
     md = figures.table1_markdown(frame, capacity.RULE_NOTE.format(input_len=512))
     assert "| OPT-1.3B |" in md and "NVIDIA H100 80GB HBM3" in md and "prompt (512 tokens)" in md
+    assert frame["probe_profile"].to_list() == ["quick", "paper"]
+    assert "Probes measured in different configuration profiles (same server settings): quick: OPT-1.3B; " \
+           "paper: OPT-13B." in md  # fmt: skip
+    one = figures.table1_markdown(frame.with_columns(probe_profile=pl.lit("paper")))
+    assert "different configuration profiles" not in one
 
 
 def test_every_figure_from_the_committed_smoke_results() -> None:

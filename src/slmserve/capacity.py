@@ -143,6 +143,18 @@ def table1_frame(
                 else None,
                 "engine": prov.get("engine"),
                 "engine_version": prov.get("engine_version"),
+                # the configuration profile the probes ran in (a probe does not depend on the workload, so
+                # one profile's probes may stand in another's Table 1; the note says so)
+                "probe_profile": ", ".join(
+                    sorted(
+                        {
+                            str(p["provenance"]["config"].get("profile"))
+                            for p in (probe, bud)
+                            if p and "config" in (p.get("provenance") or {})
+                        }
+                    )
+                )
+                or None,
             }
         )
     return pl.DataFrame(rows, infer_schema_length=None)

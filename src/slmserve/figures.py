@@ -777,6 +777,10 @@ def table1_markdown(df: pl.DataFrame, rule_note: str = RULE_NOTE_PLACEHOLDER) ->
                 todo.append(f"{names[r['model']][0]} ({', '.join(probes)})")
         if todo:
             lines.append(f"Not measured yet (no KV-cache probe result): {', '.join(todo)}.")
+    if "probe_profile" in df.columns and df["probe_profile"].drop_nulls().n_unique() > 1:
+        runs = df.filter(pl.col("probe_profile").is_not_null()).group_by("probe_profile", maintain_order=True)
+        where = "; ".join(f"{key[0]}: {', '.join(names[m][0] for m in rows['model'])}" for key, rows in runs)
+        lines.append(f"Probes measured in different configuration profiles (same server settings): {where}.")
     if kv:
         lines.append(f"KV-cache capacity in tokens ({budget} / whole GPU): {kv}.")
     lines.append(rule_note)
