@@ -4,9 +4,10 @@
 #
 #   here:     bench/gpu_payload.sh pack [PART_MIB]   .gpu-wheels/ + .gpu-carry/{snake,extra} -> .gpu-payload/
 #   on host:  bench/gpu_payload.sh stash             copy the parts carried this call to /root/payload-parts
-#   on host:  bench/gpu_payload.sh install           join, check SHA-256, install into /tmp/vllm-site, /tmp/site
+#   on host:  bench/gpu_payload.sh install           join, check SHA-256, unpack, install vLLM into /tmp/vllm-site
 #
-# After install, bench/gpu_dag.sh finds the prompts in /tmp/payload/extra (GPU_CARRY=/tmp/payload).
+# After install, GPU_CARRY=/tmp/payload bash bench/gpu_dag.sh ... installs Snakemake and polars from
+# /tmp/payload/{snake,extra} (its usual step) and finds the prompts there.
 set -euo pipefail
 mode=${1:?pack, stash or install}
 store=/root/payload-parts
@@ -26,14 +27,13 @@ case "$mode" in
     echo "stashed: $(ls "$store" | tr '\n' ' ')";;
   install)
     mkdir -p "$store" && cp .gpu-payload/part* .gpu-payload/SHA256 "$store"/ 2>/dev/null || true
-    if [ -d /tmp/vllm-site/vllm ] && [ -d /tmp/site/snakemake ]; then echo "already installed"; exit 0; fi
+    if [ -d /tmp/vllm-site/vllm ] && [ -d /tmp/payload/snake ]; then echo "already installed"; exit 0; fi
     cat "$store"/part* >/tmp/payload.tar && sha256sum -c "$store/SHA256"
     rm -rf /tmp/payload && mkdir -p /tmp/payload/vllm && tar xf /tmp/payload.tar -C /tmp/payload
     tar xf /tmp/payload/wheels.tar -C /tmp/payload/vllm && rm /tmp/payload.tar /tmp/payload/wheels.tar
-    pip=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir)
-    "${pip[@]}" --target /tmp/vllm-site /tmp/payload/vllm/*.whl
-    "${pip[@]}" --target /tmp/site /tmp/payload/snake/*.whl /tmp/payload/extra/*.whl
-    echo "installed $(ls /tmp/payload/vllm | wc -l) vLLM wheels into /tmp/vllm-site," \
-      "$(ls /tmp/payload/snake /tmp/payload/extra | grep -c whl) into /tmp/site";;
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vllm-site \
+      /tmp/payload/vllm/*.whl
+    echo "installed $(ls /tmp/payload/vllm | wc -l) vLLM wheels into /tmp/vllm-site; Snakemake, polars and" \
+      "the prompts are in /tmp/payload for bench/gpu_dag.sh";;
   *) echo "unknown mode $mode (pack, stash, install)" >&2; exit 2;;
 esac

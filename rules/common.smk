@@ -150,15 +150,15 @@ def planned_measurements():
     return list(dict.fromkeys(files))  # a family model may also be a sweep model
 
 
-def missing_measurements():
-    """Measured files the targets need that are not there yet."""
-    return [f for f in planned_measurements() if not Path(f).exists()]
+def missing_measurements(planned=None):
+    """Measured files the targets need (or of ``planned``) that are not there yet."""
+    return [f for f in (planned_measurements() if planned is None else planned) if not Path(f).exists()]
 
 
 def check_replot():
     """replot=True draws what is there: stop if nothing of this configuration is, warn about the rest."""
     planned = planned_measurements()
-    missing = [f for f in planned if not Path(f).exists()]
+    missing = missing_measurements(planned)
     if planned and len(missing) == len(planned):
         raise WorkflowError(
             f"replot: none of the {len(planned)} measured results of this configuration is under {OUT}/ "

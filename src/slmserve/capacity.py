@@ -99,6 +99,13 @@ RULE_NOTE = (
 )
 
 
+def _profiles(*probes: Mapping[str, Any]) -> str | None:
+    """The configuration profiles the probes ran in: a probe does not depend on the workload, so one
+    profile's probes may stand in another's Table 1 (its note says so)."""
+    found = {str(p["provenance"]["config"].get("profile")) for p in probes if "config" in (p.get("provenance") or {})}
+    return ", ".join(sorted(found)) or None
+
+
 def table1_frame(
     whole: list[str],
     budget: list[str],
@@ -143,18 +150,7 @@ def table1_frame(
                 else None,
                 "engine": prov.get("engine"),
                 "engine_version": prov.get("engine_version"),
-                # the configuration profile the probes ran in (a probe does not depend on the workload, so
-                # one profile's probes may stand in another's Table 1; the note says so)
-                "probe_profile": ", ".join(
-                    sorted(
-                        {
-                            str(p["provenance"]["config"].get("profile"))
-                            for p in (probe, bud)
-                            if p and "config" in (p.get("provenance") or {})
-                        }
-                    )
-                )
-                or None,
+                "probe_profile": _profiles(probe, bud),
             }
         )
     return pl.DataFrame(rows, infer_schema_length=None)

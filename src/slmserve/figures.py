@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import altair as alt
 import polars as pl
@@ -207,6 +208,17 @@ def _telemetry_note(summary: pl.DataFrame, cols: Sequence[str]) -> list[str]:
     return notes
 
 
+def _per_model(summary: pl.DataFrame, column: str) -> list[tuple[str, Any]]:
+    """(model display name, value) for each model with a value in ``column`` (none if the column is absent)."""
+    if column not in summary.columns:
+        return []
+    names = _names(summary)
+    rows = summary.filter(pl.col(column).is_not_null())
+    return [
+        (names.get(key, (key,))[0], value) for key, value in sorted(set(zip(rows["model"], rows[column], strict=True)))
+    ]
+
+
 def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None, telemetry: Sequence[str] = ()) -> str:
     """What was measured where: GPU, engine and version, request counts, workload, runs measured and
     infeasible, models not served, GPU telemetry (``telemetry``: the plotted telemetry columns) and what
@@ -259,19 +271,14 @@ def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None, te
             "request sent at once, mean latency includes the wait for a batch slot (about half of requests/batch "
             "rounds), so at those points it is lower than with the paper's 500 requests; throughput is not affected."
         )
-    if "prompt_ids_folded_into_vocab" in cols:
-        folded = summary.filter(pl.col("prompt_ids_folded_into_vocab").is_not_null())
-        names = _names(summary)
-        for key, vocab in sorted(set(zip(folded["model"], folded["prompt_ids_folded_into_vocab"], strict=True))):
-            lines.append(
-                f"- {names.get(key, (key,))[0]}: prompt token ids (GPT-2 BPE) folded into its {int(vocab):,}-token "
-                "vocabulary (id mod vocabulary size); prompt lengths unchanged"
-            )
-    if "engine_args" in cols:
-        names = _names(summary)
-        with_args = summary.filter(pl.col("engine_args").is_not_null())
-        for key, args in sorted(set(zip(with_args["model"], with_args["engine_args"], strict=True))):
-            lines.append(f"- {names.get(key, (key,))[0]}: vLLM started with the extra arguments `{args}`")
+    lines += [
+        f"- {name}: prompt token ids (GPT-2 BPE) folded into its {int(vocab):,}-token vocabulary (id mod "
+        "vocabulary size); prompt lengths unchanged"
+        for name, vocab in _per_model(summary, "prompt_ids_folded_into_vocab")
+    ]
+    lines += [
+        f"- {name}: vLLM started with the extra arguments `{args}`" for name, args in _per_model(summary, "engine_args")
+    ]
     lines += [f"- {n}" for n in _not_served(summary)]
     lines += [f"- {n}" for n in _telemetry_note(summary, telemetry)]
     lines.append(f"- Differs from {PAPER}: engine version, GPU, random weights.")

@@ -367,9 +367,8 @@ def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[st
         except UnsupportedError as exc:  # not served: a result (Figure 2 names it), with no capacity at all
             info = {"kv_cache_tokens": None, "block_size": None}
             result.update(status="unsupported", reason=exc.reason)
-        tokens, block = info.get("kv_cache_tokens"), info.get("block_size")
-        if tokens is None and result["status"] != "unsupported":
-            tokens = 0
+        block = info.get("block_size")
+        tokens = None if result["status"] == "unsupported" else info.get("kv_cache_tokens") or 0
         fits = {
             key: None if tokens is None else capacity.max_batch(tokens, capacity.blocks_rounded(per_seq, block))
             for key, per_seq in (("max_batch_admission", job.input_len),

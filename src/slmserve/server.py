@@ -77,7 +77,8 @@ class InfeasibleError(ServerError):
 
 
 class UnsupportedError(ServerError):
-    """vLLM does not serve the model's architecture: recorded as an unsupported model."""
+    """vLLM does not serve the model (its architecture refused, or its engine failing to start on an operation
+    it does not implement): recorded as an unsupported model."""
 
     def __init__(self, reason: str, log_path: Path | None = None, log_tail: str = "") -> None:
         self.reason = reason
