@@ -8,12 +8,14 @@ import os
 import signal
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from slmserve import server
+from slmserve import runner, server
+from slmserve.loadgen import LoadResult, RequestRecord
 from slmserve.server import InfeasibleError, ServerError, ServerSpec, UnsupportedError, VllmServer
 
 # A stand-in for `python -m vllm.entrypoints.openai.api_server`: it parses --port, optionally prints a
@@ -270,3 +272,38 @@ def test_reserved_ports_are_distinct_and_held(tmp_path: Path) -> None:
         os.close(fd)
     for _, fd in held:
         os.close(fd)
+
+
+def _load_with_errors(n_ok: int, n_error: int) -> LoadResult:
+    records = [RequestRecord(request_id=i, replica=0, scheduled_s=0.0, status="ok") for i in range(n_ok)] + [
+        RequestRecord(request_id=n_ok + i, replica=0, scheduled_s=0.0, error="ConnectError: refused")
+        for i in range(n_error)
+    ]
+    return LoadResult(records, 0.0, 0.0, 1, None, None, None, True, True, n_ok, n_error, 1.0, 0)
+
+
+def test_a_load_that_fails_as_the_server_dies_is_reported_as_its_death(stand_in) -> None:
+    """A killed server's connections fail a moment before its process can be reaped: the requests'
+    errors arrive while ``alive()`` still says yes. The failure must still name the server's death."""
+    spec, pids = stand_in("serve")
+    with VllmServer(spec) as srv:
+        leader, _ = pids_of(pids)
+        assert srv.alive()
+        threading.Timer(0.5, os.killpg, (leader, signal.SIGKILL)).start()
+        with pytest.raises(ServerError, match="server died during the measured run at batch 8") as err:
+            runner.check_load(srv, _load_with_errors(3, 5), "at batch 8")
+        assert "last lines of the server log" in str(err.value) and "KV cache size" in str(err.value)
+
+
+def test_failed_requests_on_a_live_server_are_named_with_the_first_error(
+    stand_in, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "DEATH_GRACE_S", 0.2)
+    spec, _ = stand_in("serve")
+    with VllmServer(spec) as srv:
+        runner.check_load(srv, _load_with_errors(4, 0), "at batch 4")  # a clean load on a live server passes
+        with pytest.raises(ServerError, match=r"2 of 5 requests failed of replica 1; first error: ConnectError"):
+            runner.check_load(srv, _load_with_errors(3, 2), "of replica 1")
+        assert srv.alive()
+        with pytest.raises(ServerError, match="server died during the measured run of replica 1"):
+            runner.check_load(srv, None, "of replica 1")  # the load was cancelled: the server died

@@ -26,11 +26,12 @@ from slmserve.runner import (
     SweepJob,
     _guarded_load,
     _server_spec,
+    check_load,
     load_prompts,
     to_frame_empty,
     warmup_for,
 )
-from slmserve.server import InfeasibleError, ServerError, VllmServer, install_signal_handlers, log_tail
+from slmserve.server import InfeasibleError, ServerError, VllmServer, install_signal_handlers
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +115,14 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path) -
                 sampler.start()
             try:
                 results = asyncio.run(_load_all(specs, servers))
+            except ServerError:  # a replica's server died: name it, with its log tail
+                dead = next((i for i, srv in enumerate(servers) if not srv.alive()), 0)
+                check_load(servers[dead], None, f"of replica {dead}")
+                raise
             finally:
                 tel = sampler.stop() if job.telemetry_enabled else telemetry.empty_frame()
             for i, (srv, res) in enumerate(zip(servers, results, strict=True)):
-                if res.n_error or not srv.alive():
-                    raise ServerError(f"replica {i}: {res.n_error} requests failed", srv.spec.log_path,
-                                      log_tail(srv.spec.log_path))  # fmt: skip
+                check_load(srv, res, f"of replica {i}")
             after = [srv.counters() for srv in servers]
             meta = {
                 **base, "status": "ok", "reason": None,

@@ -273,20 +273,8 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
         result = None
     finally:
         tel = sampler.stop() if job.telemetry_enabled else telemetry.empty_frame()
-    if result is None or not srv.alive():
-        raise ServerError(
-            f"the vLLM server died during the measured run at batch {batch}",
-            srv.spec.log_path,
-            log_tail(srv.spec.log_path),
-        )
-    if result.n_error:
-        first = next(r for r in result.records if _field(r, "status") != "ok")
-        raise ServerError(
-            f"{result.n_error} of {len(result.records)} requests failed at batch {batch}; first error: "
-            f"{_field(first, 'error')}",
-            srv.spec.log_path,
-            log_tail(srv.spec.log_path),
-        )
+    check_load(srv, result, f"at batch {batch}")
+    assert result is not None
     after = srv.counters()
     req_path, tel_path = job.outputs[batch]
     meta = {
@@ -306,6 +294,27 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
         "batch %d: %d requests in %.2f s (peak in flight %d, lag p99 %.1f ms)",
         batch, result.n_ok, result.duration_s, result.peak_inflight, result.lag_p99_s * 1e3,
     )  # fmt: skip
+
+
+# How long a load that saw failed requests waits for the server process to be reaped before it calls
+# the failure the server's death rather than failed requests (a killed server closes its sockets first).
+DEATH_GRACE_S = 5.0
+
+
+def check_load(srv: VllmServer, result: LoadResult | None, where: str) -> None:
+    """Raise :class:`ServerError` with the server's log tail unless the load ``result`` (None: the load
+    was cancelled because the server died) completed without errors on a server still running."""
+    if result is not None and not result.n_error and srv.alive():
+        return
+    tail = log_tail(srv.spec.log_path)
+    if result is None or srv.exited_within(DEATH_GRACE_S):
+        raise ServerError(f"the vLLM server died during the measured run {where}", srv.spec.log_path, tail)
+    first = next(r for r in result.records if _field(r, "status") != "ok")
+    raise ServerError(
+        f"{result.n_error} of {len(result.records)} requests failed {where}; first error: {_field(first, 'error')}",
+        srv.spec.log_path,
+        tail,
+    )
 
 
 def _field(record: Any, name: str) -> Any:

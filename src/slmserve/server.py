@@ -253,6 +253,18 @@ class VllmServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def exited_within(self, timeout_s: float) -> bool:
+        """True if the server process has exited, or exits within ``timeout_s``. A killed server's
+        connections fail a moment before its process can be reaped, so a load that sees connection
+        errors asks this rather than :meth:`alive`."""
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def __enter__(self) -> VllmServer:
         try:
             self.start()
