@@ -106,7 +106,7 @@ def sweep_job(args: argparse.Namespace) -> runner.SweepJob:
 def run_client(
     client: str, srv: VllmServer, args: argparse.Namespace, prompts: list[list[int]], batch: int, tag: str
 ) -> RunResult:
-    warmup = fidelity.warmup_for(batch, len(prompts), args.warmup_requests)
+    warmup = runner.warmup_for(args.warmup_requests, batch, len(prompts))
     if client == SUBJECT:
         spec = fidelity.slmserve_spec(
             srv.base_url, args.served_name, prompts, args.output_len, batch,

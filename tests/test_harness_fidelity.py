@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from aiohttp import web
 
-from slmserve import analysis, fidelity
+from slmserve import analysis, fidelity, runner
 from slmserve.loadgen import LoadSpec, _body, run_load, to_frame
 from tests.conftest import requires_engine
 from tests.test_loadgen import MODEL, StandInCompletionsServer
@@ -73,9 +73,9 @@ def test_request_counts_and_warmup() -> None:
     assert fidelity.requests_for(32, 500) == 256
     assert fidelity.requests_for(512, 500, requests=100) == 100
     assert fidelity.requests_for(4, 6, requests=8) == 6
-    assert fidelity.warmup_for(1, 64, 8) == 8
-    assert fidelity.warmup_for(64, 500, 8) == 64
-    assert fidelity.warmup_for(512, 500, 8) == 500
+    assert runner.warmup_for(8, 1, 64) == 8
+    assert runner.warmup_for(8, 64, 500) == 64
+    assert runner.warmup_for(8, 512, 500) == 500
 
 
 def test_request_body_is_the_load_generators_non_streaming_body() -> None:

@@ -118,11 +118,6 @@ def requests_for(batch: int, available: int, requests: int | None = None) -> int
     return min(n, available)
 
 
-def warmup_for(batch: int, n: int, warmup_requests: int) -> int:
-    """Warm-up requests, as the workflow's runs take them (:func:`slmserve.runner.warmup_for`)."""
-    return runner.warmup_for(warmup_requests, batch, n)
-
-
 def load_prompts(path: Path, input_len: int) -> list[list[int]]:
     """Token ids of every prompt in the prepared prompts parquet, cut to ``input_len`` tokens."""
     ids = pl.read_parquet(runner.require_prompts(path), columns=["token_ids"])["token_ids"].to_list()
@@ -261,7 +256,7 @@ def slmserve_spec(
         concurrency=batch,
         seed=0,
         stream=stream,
-        warmup=warmup_for(batch, n, warmup_requests),
+        warmup=runner.warmup_for(warmup_requests, batch, n),
         lag_threshold_s=max(0.010, 0.0005 * min(n, batch)),
     )
 

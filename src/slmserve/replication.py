@@ -28,6 +28,7 @@ from slmserve.runner import (
     _server_spec,
     check_load,
     load_prompts,
+    server_died,
     to_frame_empty,
     warmup_for,
 )
@@ -117,8 +118,7 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path) -
                 results = asyncio.run(_load_all(specs, servers))
             except ServerError:  # a replica's server died: name it, with its log tail
                 dead = next((i for i, srv in enumerate(servers) if not srv.alive()), 0)
-                check_load(servers[dead], None, f"of replica {dead}")
-                raise
+                raise server_died(servers[dead], f"of replica {dead}") from None
             finally:
                 tel = sampler.stop() if job.telemetry_enabled else telemetry.empty_frame()
             for i, (srv, res) in enumerate(zip(servers, results, strict=True)):

@@ -273,8 +273,7 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
         result = None
     finally:
         tel = sampler.stop() if job.telemetry_enabled else telemetry.empty_frame()
-    check_load(srv, result, f"at batch {batch}")
-    assert result is not None
+    result = check_load(srv, result, f"at batch {batch}")
     after = srv.counters()
     req_path, tel_path = job.outputs[batch]
     meta = {
@@ -301,19 +300,26 @@ def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, promp
 DEATH_GRACE_S = 5.0
 
 
-def check_load(srv: VllmServer, result: LoadResult | None, where: str) -> None:
-    """Raise :class:`ServerError` with the server's log tail unless the load ``result`` (None: the load
-    was cancelled because the server died) completed without errors on a server still running."""
+def server_died(srv: VllmServer, where: str) -> ServerError:
+    """The error for a server that died during a measured run, with its log tail."""
+    return ServerError(
+        f"the vLLM server died during the measured run {where}", srv.spec.log_path, log_tail(srv.spec.log_path)
+    )
+
+
+def check_load(srv: VllmServer, result: LoadResult | None, where: str) -> LoadResult:
+    """``result`` if the load completed without errors on a server still running; else raise
+    :class:`ServerError` with the server's log tail (``result`` None: the load was cancelled because the
+    server died)."""
     if result is not None and not result.n_error and srv.alive():
-        return
-    tail = log_tail(srv.spec.log_path)
+        return result
     if result is None or srv.exited_within(DEATH_GRACE_S):
-        raise ServerError(f"the vLLM server died during the measured run {where}", srv.spec.log_path, tail)
+        raise server_died(srv, where)
     first = next(r for r in result.records if _field(r, "status") != "ok")
     raise ServerError(
         f"{result.n_error} of {len(result.records)} requests failed {where}; first error: {_field(first, 'error')}",
         srv.spec.log_path,
-        tail,
+        log_tail(srv.spec.log_path),
     )
 
 
