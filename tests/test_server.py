@@ -41,6 +41,9 @@ STAND_IN = textwrap.dedent(
         sys.exit(1)
     if mode == "hang":
         time.sleep(600)
+    if mode == "hang-ignoring-term":  # a start still importing, which does not handle SIGTERM yet
+        import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("starting", flush=True); time.sleep(600)
     if mode in ("notimpl-nomem", "notimpl-hang"):
         print("WARNING NotImplementedError: no fused kernel, falling back", flush=True)
         print("ERROR EngineCore failed to start.", flush=True)
@@ -126,10 +129,8 @@ def test_serves_and_reads_kv_capacity_then_stops_whole_group(stand_in) -> None:
         leader, child = pids_of(pids)
         port = srv.port
     assert gone(leader) and gone(child)
-    # the port reservation is released
-    fd = os.open(Path(os.environ["SLMSERVE_LOCK_DIR"]) / f"port-{port}.lock", os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.close(fd)
+    # the port reservation is released and its lock file deleted: none piles up per server start
+    assert not list(Path(os.environ["SLMSERVE_LOCK_DIR"]).glob("port-*.lock")), port
 
 
 def test_exit_before_healthy_fails_at_once_with_log_tail(stand_in) -> None:
@@ -270,8 +271,47 @@ def test_reserved_ports_are_distinct_and_held(tmp_path: Path) -> None:
         with pytest.raises(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.close(fd)
-    for _, fd in held:
-        os.close(fd)
+    for port, fd in held:
+        server.release_port(port, fd, tmp_path)
+    assert not list(tmp_path.glob("port-*.lock"))
+
+
+def test_a_port_lock_deleted_by_its_holder_is_not_taken_as_held(tmp_path: Path, monkeypatch) -> None:
+    """A job that opened a port's lock file just before its holder deleted it must not count that
+    stale file's lock as its own: it takes another port."""
+    stale = 4242
+    old = os.open(tmp_path / f"port-{stale}.lock", os.O_RDWR | os.O_CREAT)
+    (tmp_path / f"port-{stale}.lock").unlink()
+    (tmp_path / f"port-{stale}.lock").write_text("")  # a new holder's file of the same name
+    new = os.open(tmp_path / f"port-{stale}.lock", os.O_RDWR)
+    fcntl.flock(new, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    real_open = os.open
+    calls = iter([old])
+    monkeypatch.setattr(server.os, "open", lambda *a, **k: next(calls, None) or real_open(*a, **k))
+
+    class Sock:
+        ports = iter([stale, 4243])
+
+        def __init__(self, *a: object) -> None:
+            self.port = next(Sock.ports)
+
+        def __enter__(self) -> Sock:
+            return self
+
+        def __exit__(self, *a: object) -> None:
+            return None
+
+        def bind(self, addr: object) -> None:
+            return None
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(server.socket, "socket", Sock)
+    port, fd = server.reserve_port(tmp_path)
+    assert port == 4243
+    server.release_port(port, fd, tmp_path)
+    os.close(new)
 
 
 def _load_with_errors(n_ok: int, n_error: int) -> LoadResult:
@@ -307,3 +347,30 @@ def test_failed_requests_on_a_live_server_are_named_with_the_first_error(
         assert srv.alive()
         with pytest.raises(ServerError, match="server died during the measured run of replica 1"):
             runner.check_load(srv, None, "of replica 1")  # the load was cancelled: the server died
+
+
+def test_interrupt_while_the_server_starts_cleans_up_within_seconds(stand_in) -> None:
+    """Ctrl-C during a start that ignores SIGTERM: the server group is killed after a short grace, so the
+    job is gone well within 15 s (before: 20 s of SIGTERM grace first)."""
+    spec, pids = stand_in("hang-ignoring-term", timeout=120)
+    server.install_signal_handlers()
+    try:
+        threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(server.Terminated, match="SIGINT"):
+            VllmServer(spec).__enter__()
+        took = time.monotonic() - t0 - 1.5
+        assert all(gone(p) for p in pids_of(pids))
+        assert took < spec.stop_timeout_starting_s + 5, took
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_scheduler_class_is_named_on_the_command_line() -> None:
+    spec = ServerSpec(model="m", served_name="m", log_path=Path("x.log"), max_num_seqs=512, max_model_len=1024,
+                      scheduler_cls="slmserve.vllm_scheduler.AsyncBatchCapScheduler")  # fmt: skip
+    argv = spec.argv(1)
+    assert argv[argv.index("--scheduler-cls") + 1] == "slmserve.vllm_scheduler.AsyncBatchCapScheduler"
+    assert "--scheduler-cls" not in ServerSpec(model="m", served_name="m", log_path=Path("x.log"),
+                                               max_num_seqs=4, max_model_len=64).argv(1)  # fmt: skip

@@ -98,6 +98,8 @@ class LoadSpec:
     """``lag_ok`` is true when the p99 client lag is below this."""
     abort_on_connect_error: bool = True
     """On a refused connection, fail the requests not yet sent at once instead of sending them."""
+    vllm_xargs: dict[str, Any] | None = None
+    """Sent as ``vllm_xargs`` in every request body (vLLM hands it to the engine as ``extra_args``)."""
 
 
 @dataclass(slots=True)
@@ -223,7 +225,9 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:_ERROR_EXCERPT]
 
 
-def request_body(model: str, prompt: Sequence[int], output_len: int, stream: bool) -> dict[str, Any]:
+def request_body(
+    model: str, prompt: Sequence[int], output_len: int, stream: bool, vllm_xargs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The completion request every client of the project sends: token-id prompt, exactly ``output_len``
     tokens (``ignore_eos``), greedy."""
     req: dict[str, Any] = {
@@ -236,11 +240,14 @@ def request_body(model: str, prompt: Sequence[int], output_len: int, stream: boo
     }
     if stream:
         req["stream_options"] = {"include_usage": True}
+    if vllm_xargs:
+        req["vllm_xargs"] = dict(vllm_xargs)
     return req
 
 
 def _body(spec: LoadSpec, prompt: list[int]) -> bytes:
-    return json.dumps(request_body(spec.model, prompt, spec.output_len, spec.stream), separators=(",", ":")).encode()
+    body = request_body(spec.model, prompt, spec.output_len, spec.stream, spec.vllm_xargs)
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 class _Phase:

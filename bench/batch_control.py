@@ -1,0 +1,99 @@
+"""Batch control on a GPU: the scheduler cap (one start) against restarts with ``--max-num-seqs b``.
+
+    python bench/batch_control.py run --model opt125m --prompts P --out DIR [--modes scheduler restart]
+        [--batches 1 8 64 256 512] [--repeats 3]
+    python bench/batch_control.py compare DIR      # here, on the results brought back
+
+``run`` measures each mode with the workflow's own code (:func:`slmserve.runner.run_sweep`): ``scheduler``
+starts one server (``--max-num-seqs`` = the largest batch) and repeats the batch sizes interleaved;
+``restart`` starts one server per batch size and repeats each on it. 500 requests per point, except
+batch 1: 64 (a 500-request run at batch 1 takes minutes; stated in the output). Results:
+``DIR/<model>/<mode>/bs<b>.{requests,telemetry}.parquet`` with provenance, as the workflow writes them.
+
+``compare`` prints, per model and batch, each mode's mean throughput (req/s) with n and its 95% CI, and
+the ratio scheduler/restart with its 95% CI (:func:`slmserve.stats.ratio_ci`); the modes agree where the
+CI contains 1 and its half-width is at most 3%. It writes ``DIR/compare.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from slmserve import analysis, runner, stats  # noqa: E402
+
+MODELS = {"opt125m": "config/models/opt-125m", "opt1.3b": "config/models/opt-1.3b", "opt2.7b": "config/models/opt-2.7b"}
+
+
+def sweep_job(model: str, mode: str, prompts: Path, out: Path, batches: list[int], repeats: int) -> runner.SweepJob:
+    base = out / model / mode
+    return runner.SweepJob(
+        model=model, model_path=MODELS[model], load_format="dummy", tensor_parallel=1, batch_sizes=batches,
+        prompts_path=prompts, outputs={b: (base / f"bs{b}.requests.parquet", base / f"bs{b}.telemetry.parquet")
+                                       for b in batches},
+        log_dir=out / "logs" / model / mode, input_len=512, output_len=256, num_requests=500,
+        rounds_per_batch=64, min_requests=64, warmup_requests=8, batch_control=mode, repeats=repeats,
+        stream_interval=16, profile="bench-batch-control",
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> None:
+    for mode in args.modes:
+        job = sweep_job(args.model, mode, args.prompts, args.out, args.batches, args.repeats)
+        if all(paths[0].exists() for paths in job.outputs.values()):
+            print(f"== {args.model} {mode}: already measured", flush=True)
+            continue
+        runner.run_sweep(job)
+        print(f"== {args.model} {mode}: done", flush=True)
+
+
+def compare(args: argparse.Namespace) -> pl.DataFrame:
+    paths = sorted(str(p) for p in args.out.glob("*/*/bs*.requests.parquet"))
+    rows = analysis.summarize_runs(paths).filter(pl.col("status") == "ok")
+    rows = rows.with_columns(mode=pl.col("path").str.extract(r"/(scheduler|restart|client)/bs"))
+    out = []
+    for (model, batch), g in rows.group_by("model", "batch_size", maintain_order=True):
+        by = {m: g.filter(pl.col("mode") == m)["throughput_rps"].to_list() for m in ("scheduler", "restart")}
+        row = {"model": model, "batch_size": batch}
+        for mode, xs in by.items():
+            s = stats.describe(xs)
+            row.update({f"{mode}_n": s["n"], f"{mode}_mean": s["mean"], f"{mode}_ci_lo": s["ci_lo"],
+                        f"{mode}_ci_hi": s["ci_hi"]})  # fmt: skip
+        ratio = stats.ratio_ci(by["scheduler"], by["restart"])
+        row.update(ratio=ratio["ratio"], ratio_ci_lo=ratio["ci_lo"], ratio_ci_hi=ratio["ci_hi"],
+                   agree=ratio["ci_lo"] is not None and ratio["ci_lo"] <= 1 <= ratio["ci_hi"]
+                   and (ratio["ci_hi"] - ratio["ci_lo"]) / 2 <= 0.03)  # fmt: skip
+        out.append(row)
+    frame = pl.DataFrame(out).sort("model", "batch_size")
+    frame.write_csv(args.out / "compare.csv")
+    with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=220, float_precision=3):
+        print(frame)
+    return frame
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--model", required=True, choices=sorted(MODELS))
+    r.add_argument("--prompts", type=Path, required=True)
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--modes", nargs="+", default=["scheduler", "restart"], choices=runner.MODES)
+    r.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256, 512])
+    r.add_argument("--repeats", type=int, default=3)
+    c = sub.add_parser("compare")
+    c.add_argument("out", type=Path)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(args) if args.cmd == "run" else compare(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""vLLM's own Prometheus metrics (``GET /metrics``): counters around a run, and the running-request gauge
+polled during it.
+
+A run records, per server:
+
+* ``server_counters``: each ``vllm:*_total`` counter after the run minus before it (summed over label
+  sets), e.g. ``vllm:num_preemptions_total`` (requests preempted for lack of KV cache);
+* ``running``: :class:`GaugePoller` samples of ``vllm:num_requests_running`` (requests in the running
+  batch) and ``vllm:num_requests_waiting``, at most once per second: faster polling slows a host-bound
+  model's API server. Effective batch = the time average of the running gauge over the run's window
+  (:func:`effective_batch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+POLL_S = 1.0
+
+
+def fetch(base_url: str, timeout: float = 5.0) -> str:
+    """The text of ``{base_url}/metrics``; empty if it cannot be read."""
+    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout) as r:
+        return r.read().decode()
+    return ""
+
+
+def parse(text: str) -> dict[str, float]:
+    """Every vLLM sample of a metrics text, summed over label sets: counters under their ``..._total``
+    name, gauges under their own name. Unparsable text gives what was read before it."""
+    values: dict[str, float] = {}
+    with contextlib.suppress(ValueError):
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.startswith("vllm:") and not sample.name.endswith(("_bucket", "_created")):
+                    values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    return values
+
+
+def counters(text: str) -> dict[str, float]:
+    """The ``vllm:*_total`` counters of a metrics text."""
+    return {k: v for k, v in parse(text).items() if k.endswith("_total")}
+
+
+def labels(text: str, name: str) -> dict[str, str]:
+    """The labels of the first sample named ``name`` (e.g. ``vllm:cache_config_info``); empty if none."""
+    with contextlib.suppress(ValueError):
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    return dict(sample.labels)
+    return {}
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """``after - before`` per counter (a counter absent before counts from 0)."""
+    return {k: after[k] - before.get(k, 0.0) for k in sorted(after)}
+
+
+class GaugePoller:
+    """Poll the running and waiting gauges of one server every ``interval_s`` (>= 1 s) in a thread."""
+
+    def __init__(self, base_url: str, interval_s: float = POLL_S) -> None:
+        self.base_url = base_url
+        self.interval_s = max(POLL_S, interval_s)
+        self.samples: list[tuple[float, float | None, float | None]] = []  # (t_mono, running, waiting)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="slmserve-gauges", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            t = time.monotonic()
+            values = parse(fetch(self.base_url, timeout=self.interval_s))
+            self.samples.append((t, values.get(RUNNING), values.get(WAITING)))
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> GaugePoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+Sample = tuple[float, float | None, float | None]  # (t_mono, running, waiting)
+
+
+def effective_batch(samples: list[Sample], start: float, end: float) -> dict[str, Any]:
+    """Running-request statistics of the samples taken in ``[start, end]`` (monotonic seconds):
+    ``effective_batch`` = mean of the running gauge (its time average, samples being evenly spaced),
+    ``running_max`` = its largest sample, ``gauge_samples`` = how many samples; None without samples."""
+    running = [r for t, r, _ in samples if start <= t <= end and r is not None]
+    if not running:
+        return {"effective_batch": None, "running_max": None, "gauge_samples": 0}
+    return {"effective_batch": sum(running) / len(running), "running_max": max(running), "gauge_samples": len(running)}

@@ -1,0 +1,50 @@
+"""Statistics of repeated measurements: mean, spread and 95% confidence intervals (t-distribution).
+
+For ``n`` repeats ``x_1..x_n`` of a point: ``mean = sum(x) / n``; ``sd`` = the sample standard deviation
+(``n - 1`` in the denominator); the 95% CI is ``mean ± t(0.975, n - 1) · sd / sqrt(n)`` (Student's t, from
+scipy). With one repeat there is no spread and no interval (None).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from scipy import stats as _st
+
+LEVEL = 0.95
+
+
+def describe(xs: Sequence[float | None]) -> dict[str, Any]:
+    """``n``, ``mean``, ``sd``, ``ci_lo``, ``ci_hi`` (and ``ci_half``) of the non-null values of ``xs``."""
+    vals = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    n = len(vals)
+    if n == 0:
+        return {"n": 0, "mean": None, "sd": None, "ci_lo": None, "ci_hi": None, "ci_half": None}
+    mean = math.fsum(vals) / n
+    if n == 1:
+        return {"n": 1, "mean": mean, "sd": None, "ci_lo": None, "ci_hi": None, "ci_half": None}
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1))
+    half = float(_st.t.ppf(0.5 + LEVEL / 2, n - 1)) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "sd": sd, "ci_lo": mean - half, "ci_hi": mean + half, "ci_half": half}
+
+
+def ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """The ratio of means ``mean(a) / mean(b)`` of two independent samples and its 95% CI by the delta
+    method: relative standard error ``sqrt(sd_a² / (n_a mean_a²) + sd_b² / (n_b mean_b²))``, with the
+    Welch-Satterthwaite degrees of freedom of those two terms; the interval is ``ratio · (1 ± t · rse)``."""
+    da, db = describe(a), describe(b)
+    if not da["n"] or not db["n"] or not db["mean"]:
+        return {"ratio": None, "ci_lo": None, "ci_hi": None}
+    ratio = da["mean"] / db["mean"]
+    if da["n"] < 2 or db["n"] < 2:
+        return {"ratio": ratio, "ci_lo": None, "ci_hi": None}
+    va = da["sd"] ** 2 / (da["n"] * da["mean"] ** 2)
+    vb = db["sd"] ** 2 / (db["n"] * db["mean"] ** 2)
+    rse = math.sqrt(va + vb)
+    if rse == 0:
+        return {"ratio": ratio, "ci_lo": ratio, "ci_hi": ratio}
+    df = (va + vb) ** 2 / (va**2 / (da["n"] - 1) + vb**2 / (db["n"] - 1))
+    half = float(_st.t.ppf(0.5 + LEVEL / 2, df)) * rse * ratio
+    return {"ratio": ratio, "ci_lo": ratio - half, "ci_hi": ratio + half}
