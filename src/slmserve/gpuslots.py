@@ -70,6 +70,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from slmserve import nvml
+
 log = logging.getLogger(__name__)
 
 POOL_ENV = "SLMSERVE_GPU_POOL"
@@ -140,25 +142,6 @@ def _split(value: str) -> list[str]:
     return out
 
 
-def _nvml_count() -> int:
-    """Number of GPUs NVML sees; 0 when NVML is missing or fails."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:
-        log.debug("NVML unavailable (%s): empty GPU pool", exc)
-        return 0
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    except Exception as exc:
-        log.debug("NVML device count failed (%s): empty GPU pool", exc)
-        return 0
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-
-
 def gpu_pool(env: Mapping[str, str] | None = None) -> list[str]:
     """The GPU ids a job may take (see the module docstring for the order of sources)."""
     env = os.environ if env is None else env
@@ -166,11 +149,7 @@ def gpu_pool(env: Mapping[str, str] | None = None) -> list[str]:
         return _split(env[POOL_ENV])
     if CVD in env:
         return _split(env[CVD])
-    return [str(i) for i in range(_nvml_count())]
-
-
-def _as_str(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return [str(i) for i in range(nvml.gpu_count())]
 
 
 def nvml_indices(ids: Iterable[str]) -> tuple[int, ...]:
@@ -189,48 +168,13 @@ def nvml_indices(ids: Iterable[str]) -> tuple[int, ...]:
 
 def _resolve_uuids(uuids: list[str]) -> list[int]:
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:
+        found = nvml.uuid_indices(uuids)
+    except nvml.NvmlUnavailable as exc:
         log.debug("NVML unavailable (%s): cannot resolve %s to NVML indices", exc, uuids)
         return []
-    try:
-        found = []
-        for uid in uuids:
-            idx = _resolve_uuid(pynvml, uid)
-            if idx is None:
-                log.debug("GPU id %s not found in NVML: no telemetry index for it", uid)
-            else:
-                found.append(idx)
-        return found
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-
-
-def _resolve_uuid(pynvml: Any, uid: str) -> int | None:
-    """NVML index of a full GPU/MIG UUID, or of a UUID prefix as CUDA accepts it; None if unknown."""
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uid)
-        try:
-            if pynvml.nvmlDeviceIsMigDeviceHandle(handle):
-                handle = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
-        except Exception:
-            pass
-        return int(pynvml.nvmlDeviceGetIndex(handle))
-    except Exception:
-        pass
-    # CUDA also accepts unique UUID prefixes, and old-style MIG ids "MIG-GPU-<uuid>/<gi>/<ci>".
-    want = uid[len("MIG-") :].split("/")[0] if uid.startswith("MIG-GPU-") else uid
-    try:
-        for i in range(int(pynvml.nvmlDeviceGetCount())):
-            full = _as_str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-            if full.startswith(want):
-                return i
-    except Exception:
-        pass
-    return None
+    for uid in (uid for uid, idx in found.items() if idx is None):
+        log.debug("GPU id %s not found in NVML: no telemetry index for it", uid)
+    return [idx for idx in found.values() if idx is not None]
 
 
 # --------------------------------------------------------------------------------------------- locks
