@@ -466,7 +466,7 @@ class _TokenClock:
         self._last = now
 
     def close(self) -> None:
-        """Set ``n_chunks`` and ``itl_max_s`` (the largest gap between token chunks; None with fewer than two)."""
+        """Write ``n_chunks`` and ``itl_max_s`` into the record."""
         self._rec.n_chunks = self._n
         self._rec.itl_max_s = self._itl_max if self._n >= 2 else None
 
