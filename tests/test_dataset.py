@@ -299,18 +299,6 @@ def test_write_roundtrip_schema_metadata_and_tokenizer_column(corpus: Path, tmp_
     assert not list(out.parent.glob(".tmp-*"))
 
 
-def test_cli_main(corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "cli.parquet"
-    args = ["--source", "path", "--path", str(corpus), "--input-len", "8", "--seed", "5", "--out", str(out)]
-    assert dataset.main([*args, "--num-requests", "3"]) == 0
-    assert "records read 73 (not truncated, skipped 3)" in capsys.readouterr().out
-    assert pl.read_parquet(out).height == 3
-    with pytest.raises(SystemExit) as exit_:
-        dataset.main([*args, "--num-requests", "999"])
-    assert exit_.value.code == 1
-    assert "999 prompts of at least input_len=8 tokens requested" in capsys.readouterr().err
-
-
 def test_snakemake_script_logs_summary(tmp_path: Path) -> None:
     data, ends = _encode([_rec(i, _prompt(i, 30)) for i in range(6)])
     src = tmp_path / "cut.json"

@@ -22,12 +22,10 @@ from slmserve.gpuslots import (
     GpuSlots,
     GpuSlotTimeout,
     NoGpuError,
-    allocate,
     default_lock_dir,
     gpu_pool,
     lock_path,
     nvml_indices,
-    release_all,
     who_holds,
 )
 
@@ -310,20 +308,6 @@ def test_k_zero_and_cpu_fallback(tmp_path: Path) -> None:
         assert alloc.ids == () and alloc.env() == {}
     with pytest.raises(NoGpuError, match="pool is empty"):
         GpuSlots(1, env=cpu_env, allow_cpu=False).acquire()
-
-
-def test_allocate_holds_until_release_all(tmp_path: Path) -> None:
-    env = fake_env(tmp_path, "0")
-    try:
-        alloc = allocate(1, "whole-job", env=env, timeout_s=0)
-        assert alloc.ids == ("0",)
-        assert who_holds("0", env=env)["label"] == "whole-job"
-        assert allocate(1, env={"SLMSERVE_GPU_POOL": ""}, allow_cpu=True) == Allocation((), ())
-        with pytest.raises(NoGpuError):
-            allocate(1, env={"SLMSERVE_GPU_POOL": ""}, allow_cpu=False)
-    finally:
-        release_all()
-    assert who_holds("0", env=env) is None
 
 
 def test_dropped_gpuslots_releases(tmp_path: Path) -> None:

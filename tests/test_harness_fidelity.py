@@ -1,4 +1,4 @@
-"""Tests of the harness-fidelity logic (:mod:`slmserve.fidelity`) against the STAND-IN completions server of
+"""Tests of the harness-fidelity logic (:mod:`bench.fidelity`) against the STAND-IN completions server of
 ``tests/test_loadgen.py`` (no vLLM server involved): the minimal reference client, the load generator as the
 fidelity script drives it, ``vllm bench serve``'s command and result, and the summary's ratios and CVs."""
 
@@ -17,7 +17,8 @@ import polars as pl
 import pytest
 from aiohttp import web
 
-from slmserve import analysis, fidelity, runner
+from bench import fidelity
+from slmserve import analysis, runner
 from slmserve.loadgen import LoadSpec, _body, run_load, to_frame
 from tests.conftest import requires_engine
 from tests.test_loadgen import MODEL, StandInCompletionsServer

@@ -27,6 +27,9 @@ from aiohttp import web
 from slmserve.loadgen import (
     FRAME_SCHEMA,
     LoadSpec,
+    SseSplitter,
+    _body,
+    request_body,
     result_meta,
     run_load,
     schedule,
@@ -435,3 +438,47 @@ def test_spec_validation() -> None:
         run_load(LoadSpec(base_url="http://127.0.0.1:1", model=MODEL, prompts=[[1]], request_ids=[], output_len=1))
     with pytest.raises(ValueError, match="concurrency"):
         run_load(_spec("http://127.0.0.1:1", 1, concurrency=0))
+
+
+# --- SSE splitting and the request body ---------------------------------------------------------------
+
+
+def test_sse_splitter_returns_complete_data_payloads() -> None:
+    sse = SseSplitter()
+    assert sse.feed(b'data: {"a":1}\n\ndata: {"b"') == [b'{"a":1}']  # the cut line waits
+    assert sse.rest == b'data: {"b"'
+    assert sse.feed(b':2}\n\n: a comment\nevent: x\ndata:{"c":3}  \n') == [b'{"b":2}', b'{"c":3}']
+    assert not sse.done and sse.rest == b""
+    assert sse.feed(b"data: [DONE]\n\n") == []
+    assert sse.done
+
+
+def test_sse_splitter_split_inside_the_prefix_and_a_cut_last_line() -> None:
+    sse = SseSplitter()
+    whole = b'data: {"x":1}\n\ndata: [DONE]\n\n'
+    out = [p for i in range(len(whole)) for p in sse.feed(whole[i : i + 1])]  # one byte at a time
+    assert out == [b'{"x":1}'] and sse.done and sse.rest == b""
+    cut = SseSplitter()
+    assert cut.feed(b'data: {"x":1}\n\ndata: {"y"') == [b'{"x":1}']
+    assert cut.rest.strip() == b'data: {"y"'  # what the load generator reports as an incomplete last line
+    assert not cut.done
+
+
+def test_request_body_without_xargs_is_unchanged() -> None:
+    assert json.dumps(request_body(MODEL, (1, 2), 8, True), separators=(",", ":")) == (
+        '{"model":"stand-in-model","prompt":[1,2],"max_tokens":8,"ignore_eos":true,"temperature":0,'
+        '"stream":true,"stream_options":{"include_usage":true}}'
+    )
+    assert _body(_spec("http://x", 1, prompts=[[1, 2]]), [1, 2]) == (
+        b'{"model":"stand-in-model","prompt":[1,2],"max_tokens":8,"ignore_eos":true,"temperature":0,'
+        b'"stream":true,"stream_options":{"include_usage":true}}'
+    )
+    assert "vllm_xargs" not in request_body(MODEL, [1], 8, False)
+
+
+def test_request_body_carries_vllm_xargs() -> None:
+    xargs = {"kv_probe": 1, "tag": "a"}
+    body = request_body(MODEL, [1], 8, False, vllm_xargs=xargs)
+    assert body["vllm_xargs"] == xargs and body["stream"] is False
+    sent = json.loads(_body(_spec("http://x", 1, prompts=[[1]], vllm_xargs=xargs), [1]))
+    assert sent["vllm_xargs"] == xargs

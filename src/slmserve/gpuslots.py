@@ -1,53 +1,28 @@
 """GPU pinning for Snakemake jobs: which GPUs a job with ``resources: gpu=k`` may use.
 
-Snakemake counts GPUs (``--resources gpu=N``) but does not say *which* ones a job gets. So the job
-takes ``k`` free GPU ids itself: one lock file per GPU id, taken with a non-blocking
-``fcntl.flock(LOCK_EX | LOCK_NB)`` and held for as long as the job needs the GPUs; the job then starts
-its server with ``CUDA_VISIBLE_DEVICES`` set to the ids it holds (:meth:`Allocation.env`).
+Snakemake counts GPUs but does not say which ones a job gets, so the job takes ``k`` free ids itself,
+``with GpuSlots(k, label=...) as alloc:``, each held by a non-blocking exclusive ``flock`` on one lock
+file per id, and starts its server with ``env={**os.environ, **alloc.env()}`` (``CUDA_VISIBLE_DEVICES``).
 
 Pool (the ids that may be handed out), first match wins:
 
-1. ``SLMSERVE_GPU_POOL`` (comma-separated; set but empty means no GPUs): for tests ("fake GPU pools")
-   and odd setups;
-2. ``CUDA_VISIBLE_DEVICES`` when set, e.g. inside a SLURM job, which sets it to the allocated GPUs.
-   Entries are kept as strings: integers, or GPU/MIG UUIDs (``GPU-…``, ``MIG-…``). ``""`` means no GPUs;
-   as in CUDA, a negative entry (``-1``) ends the list;
+1. ``SLMSERVE_GPU_POOL`` (comma-separated; set but empty means no GPUs), for tests and odd setups;
+2. ``CUDA_VISIBLE_DEVICES`` when set (SLURM sets it to the allocated GPUs): integers or GPU/MIG UUIDs,
+   kept as strings; ``""`` means no GPUs and, as in CUDA, a negative entry ends the list;
 3. every GPU that NVML sees (``"0"`` … ``"n-1"``);
 4. nothing (a CPU machine, or NVML missing or broken: an empty pool, not an error).
 
-Locks:
+Locks live in ``SLMSERVE_LOCK_DIR``, else ``/tmp/slmserve-gpu-locks-<uid>[-slurm<jobid>]``. The directory
+must be host-local, as GPU ids are per node (on a shared filesystem put the hostname in the path); the
+SLURM suffix keeps jobs of different SLURM allocations, which may all number their GPUs from 0, apart.
+A lock is released by :meth:`GpuSlots.release`, by leaving the ``with`` block, or by the kernel when the
+holder dies however it dies. Lock files are never deleted (two holders could then lock two files of one
+name). The descriptors are close-on-exec, so a server started with ``subprocess`` does not inherit them.
+The holder's pid, host, label and start time are in the lock file for :func:`who_holds`.
 
-* Lock directory: ``SLMSERVE_LOCK_DIR``, else ``/tmp/slmserve-gpu-locks-<uid>`` (with ``-slurm<jobid>``
-  appended inside a SLURM job). It must be host-local, because GPU ids are per node: flock over NFS is
-  emulated with network locks, so a lock directory on a shared filesystem would make jobs on different
-  nodes wait for each other's "GPU 0". If you must use a shared filesystem, put the hostname in the
-  path (``SLMSERVE_LOCK_DIR=$HOME/.slmserve-locks/$(hostname)``). The SLURM suffix is there because
-  SLURM may number each job's GPUs from 0 (cgroup-constrained devices); GPUs of different SLURM jobs
-  are disjoint anyway, so locks only need to coordinate the Snakemake jobs inside one SLURM job.
-  The default directory is per user, so two users sharing a GPU host outside SLURM are not
-  coordinated by this module (that would need a common directory with group-writable lock files).
-* A lock is released by :meth:`GpuSlots.release` (or leaving the ``with`` block), and by the kernel
-  when the holding process dies, however it dies (SIGKILL included): that is flock's property and we
-  rely on it. Lock files are never deleted (deleting one while someone waits on it would let two
-  holders lock two different files of the same name).
-* The lock file descriptors are close-on-exec, so a server started with ``subprocess`` does not
-  inherit them: the locks live exactly as long as the job process. (A child made by a bare
-  ``fork`` without ``exec``, e.g. ``multiprocessing`` with the fork start method, would share them.)
-  If the job is SIGKILLed while its server lives on, the GPU is busy but unlocked; cleaning up the
-  server is the server module's business.
-* The holder writes its pid, hostname, label and start time into the lock file (JSON) after locking,
-  and clears it before unlocking; :func:`who_holds` reads it back for debugging.
-
-Taking ``k`` GPUs is all or nothing: each free id is tried in pool order; if fewer than ``k`` could be
-taken, those are released again (never hold some while waiting for others, so no deadlock) and the
-attempt is repeated every ``poll_s`` seconds until ``timeout_s``. Snakemake's resource accounting
-should mean slots are normally free, so waiting is rare and is logged.
-
-Sharing a GPU on purpose (e.g. the replicas of one replication run) is one job taking one slot and
-starting several servers on it; nothing here needs to know.
-
-A Snakemake ``script:`` job holds its GPUs for its whole life with :func:`allocate`, or for a block with
-``with GpuSlots(k, label=...) as alloc:``, and starts the server with ``env={**os.environ, **alloc.env()}``.
+Taking ``k`` GPUs is all or nothing (never holding some while waiting for others, so no deadlock), retried
+every ``poll_s`` seconds until ``timeout_s``. Sharing a GPU on purpose (the replicas of one replication
+run) is one job taking one slot and starting several servers on it.
 """
 
 from __future__ import annotations
@@ -69,6 +44,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from slmserve import nvml
 
 log = logging.getLogger(__name__)
 
@@ -140,25 +117,6 @@ def _split(value: str) -> list[str]:
     return out
 
 
-def _nvml_count() -> int:
-    """Number of GPUs NVML sees; 0 when NVML is missing or fails."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:
-        log.debug("NVML unavailable (%s): empty GPU pool", exc)
-        return 0
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    except Exception as exc:
-        log.debug("NVML device count failed (%s): empty GPU pool", exc)
-        return 0
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-
-
 def gpu_pool(env: Mapping[str, str] | None = None) -> list[str]:
     """The GPU ids a job may take (see the module docstring for the order of sources)."""
     env = os.environ if env is None else env
@@ -166,11 +124,7 @@ def gpu_pool(env: Mapping[str, str] | None = None) -> list[str]:
         return _split(env[POOL_ENV])
     if CVD in env:
         return _split(env[CVD])
-    return [str(i) for i in range(_nvml_count())]
-
-
-def _as_str(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return [str(i) for i in range(nvml.gpu_count())]
 
 
 def nvml_indices(ids: Iterable[str]) -> tuple[int, ...]:
@@ -189,48 +143,13 @@ def nvml_indices(ids: Iterable[str]) -> tuple[int, ...]:
 
 def _resolve_uuids(uuids: list[str]) -> list[int]:
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:
+        found = nvml.uuid_indices(uuids)
+    except nvml.NvmlUnavailable as exc:
         log.debug("NVML unavailable (%s): cannot resolve %s to NVML indices", exc, uuids)
         return []
-    try:
-        found = []
-        for uid in uuids:
-            idx = _resolve_uuid(pynvml, uid)
-            if idx is None:
-                log.debug("GPU id %s not found in NVML: no telemetry index for it", uid)
-            else:
-                found.append(idx)
-        return found
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-
-
-def _resolve_uuid(pynvml: Any, uid: str) -> int | None:
-    """NVML index of a full GPU/MIG UUID, or of a UUID prefix as CUDA accepts it; None if unknown."""
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uid)
-        try:
-            if pynvml.nvmlDeviceIsMigDeviceHandle(handle):
-                handle = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
-        except Exception:
-            pass
-        return int(pynvml.nvmlDeviceGetIndex(handle))
-    except Exception:
-        pass
-    # CUDA also accepts unique UUID prefixes, and old-style MIG ids "MIG-GPU-<uuid>/<gi>/<ci>".
-    want = uid[len("MIG-") :].split("/")[0] if uid.startswith("MIG-GPU-") else uid
-    try:
-        for i in range(int(pynvml.nvmlDeviceGetCount())):
-            full = _as_str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-            if full.startswith(want):
-                return i
-    except Exception:
-        pass
-    return None
+    for uid in (uid for uid, idx in found.items() if idx is None):
+        log.debug("GPU id %s not found in NVML: no telemetry index for it", uid)
+    return [idx for idx in found.values() if idx is not None]
 
 
 # --------------------------------------------------------------------------------------------- locks
@@ -474,33 +393,3 @@ class GpuSlots:
         tb: TracebackType | None,
     ) -> None:
         self.release()
-
-
-_HELD: list[GpuSlots] = []
-
-
-def allocate(
-    k: int,
-    label: str = "",
-    *,
-    lock_dir: Path | None = None,
-    timeout_s: float | None = 3600,
-    poll_s: float = 1.0,
-    allow_cpu: bool = True,
-    env: Mapping[str, str] | None = None,
-) -> Allocation:
-    """Take ``k`` GPUs and hold them until the process exits (or :func:`release_all`).
-
-    For a job that needs its GPUs for its whole life. With an empty pool: an empty (CPU) allocation if
-    ``allow_cpu``, else :class:`NoGpuError`. Other errors as for :class:`GpuSlots`.
-    """
-    slots = GpuSlots(k, label, lock_dir, timeout_s, poll_s, allow_cpu, env)
-    alloc = slots.acquire()
-    _HELD.append(slots)
-    return alloc
-
-
-def release_all() -> None:
-    """Release everything taken with :func:`allocate` in this process."""
-    while _HELD:
-        _HELD.pop().release()

@@ -34,7 +34,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "LoadResult",
     "LoadSpec",
     "RequestRecord",
+    "SseSplitter",
     "result_meta",
     "run_load",
     "run_load_async",
@@ -99,7 +100,7 @@ class LoadSpec:
     abort_on_connect_error: bool = True
     """On a refused connection, fail the requests not yet sent at once instead of sending them."""
     vllm_xargs: dict[str, Any] | None = None
-    """Sent as ``vllm_xargs`` in every request body (vLLM hands it to the engine as ``extra_args``)."""
+    """Sent as the body's ``vllm_xargs``: vLLM hands it to the engine as ``sampling_params.extra_args``."""
 
 
 @dataclass(slots=True)
@@ -226,10 +227,11 @@ def _describe(exc: BaseException) -> str:
 
 
 def request_body(
-    model: str, prompt: Sequence[int], output_len: int, stream: bool, vllm_xargs: dict[str, Any] | None = None
+    model: str, prompt: Sequence[int], output_len: int, stream: bool, *, vllm_xargs: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The completion request every client of the project sends: token-id prompt, exactly ``output_len``
-    tokens (``ignore_eos``), greedy."""
+    tokens (``ignore_eos``), greedy; ``vllm_xargs``, when given, goes to the engine as
+    ``sampling_params.extra_args``."""
     req: dict[str, Any] = {
         "model": model,
         "prompt": list(prompt),
@@ -240,13 +242,13 @@ def request_body(
     }
     if stream:
         req["stream_options"] = {"include_usage": True}
-    if vllm_xargs:
+    if vllm_xargs is not None:
         req["vllm_xargs"] = dict(vllm_xargs)
     return req
 
 
 def _body(spec: LoadSpec, prompt: list[int]) -> bytes:
-    body = request_body(spec.model, prompt, spec.output_len, spec.stream, spec.vllm_xargs)
+    body = request_body(spec.model, prompt, spec.output_len, spec.stream, vllm_xargs=spec.vllm_xargs)
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -379,58 +381,94 @@ class _Phase:
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord) -> None:
         """Read the SSE stream into ``rec``; on an exception what was received so far stays in ``rec``."""
-        t0 = self.t0
-        first: float | None = None
-        last = 0.0
-        itl_max = 0.0
-        n_chunks = 0
+        sse = SseSplitter()
+        clock = _TokenClock(rec, self.t0)
         usage: Any = None
         stream_error: Any = None
-        done = False
-        buf = b""
         try:
             async for data in resp.content.iter_any():
                 now = time.monotonic()
-                lines = (buf + data).split(b"\n") if buf else data.split(b"\n")
-                buf = lines.pop()  # an incomplete line waits for the next read
-                for raw in lines:
-                    if not raw.startswith(b"data:"):
-                        continue  # blank separator, SSE comment or another field
-                    payload = raw[5:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                        continue
-                    # Fast path for vLLM's compact JSON: a chunk with a non-empty choices list and no
-                    # usage object needs no decoding. Outside a JSON string the bytes '"choices":[{' can
-                    # only be the key "choices" opening a non-empty list (inside a string every quote is
-                    # escaped); anything else (the usage chunk, an error, other spacing) is decoded.
-                    if b'"choices":[{' in payload and b'"usage":{' not in payload:
-                        token = True
-                    else:
-                        obj = json.loads(payload)
-                        token = bool(obj.get("choices"))
-                        if obj.get("usage"):
-                            usage = obj["usage"]
-                        if obj.get("error") is not None or obj.get("object") == "error":
-                            stream_error = obj.get("error") or obj.get("message") or obj
+                for payload in sse.feed(data):
+                    token, chunk_usage, chunk_error = _read_chunk(payload)
+                    usage = chunk_usage or usage
+                    stream_error = stream_error if chunk_error is None else chunk_error
                     if token:
-                        n_chunks += 1
-                        if first is None:
-                            first = now
-                            rec.first_token_s = now - t0
-                        elif now - last > itl_max:
-                            itl_max = now - last
-                        last = now
-            if buf.strip():
-                stream_error = f"incomplete last line {buf[:100]!r}"
+                        clock.token(now)
+            if sse.rest.strip():
+                stream_error = f"incomplete last line {sse.rest[:100]!r}"
         finally:
-            rec.n_chunks = n_chunks
-            rec.itl_max_s = itl_max if n_chunks >= 2 else None
-        rec.end_s = time.monotonic() - t0
+            clock.close()
+        rec.end_s = time.monotonic() - self.t0
         if stream_error is not None:
             text = stream_error if isinstance(stream_error, str) else json.dumps(stream_error)
             rec.error = f"error in stream: {text}"[:_ERROR_EXCERPT]
-        _finish(rec, usage, None, done=done)
+        _finish(rec, usage, None, done=sse.done)
+
+
+class SseSplitter:
+    """Bytes of a server-sent-event stream, as they arrive, to the payloads of its complete ``data:`` lines.
+
+    Other lines (blank separators, comments, other fields) are skipped; ``data: [DONE]`` sets :attr:`done`
+    instead of being returned. An incomplete last line waits for the next :meth:`feed`; what is left when
+    the stream ends is :attr:`rest`.
+    """
+
+    def __init__(self) -> None:
+        self.rest = b""
+        self.done = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The stripped payloads of the ``data:`` lines that ``data`` completes."""
+        lines = (self.rest + data).split(b"\n") if self.rest else data.split(b"\n")
+        self.rest = lines.pop()
+        out = []
+        for raw in lines:
+            if not raw.startswith(b"data:"):
+                continue
+            payload = raw[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+            else:
+                out.append(payload)
+        return out
+
+
+def _read_chunk(payload: bytes) -> tuple[bool, Any, Any]:
+    """One streamed completion chunk: whether it carries tokens, its ``usage`` and its error (or None)."""
+    # vLLM's compact JSON: outside a string '"choices":[{' can only open a non-empty choices list (a quote
+    # inside a string is escaped), so a chunk with it and no usage object needs no decoding.
+    if b'"choices":[{' in payload and b'"usage":{' not in payload:
+        return True, None, None
+    obj = json.loads(payload)
+    error = None
+    if obj.get("error") is not None or obj.get("object") == "error":
+        error = obj.get("error") or obj.get("message") or obj
+    return bool(obj.get("choices")), obj.get("usage"), error
+
+
+class _TokenClock:
+    """Times of a stream's token-bearing chunks, written into ``rec`` (the first at once, the rest on close)."""
+
+    def __init__(self, rec: RequestRecord, t0: float) -> None:
+        self._rec = rec
+        self._t0 = t0
+        self._last: float | None = None
+        self._itl_max = 0.0
+        self._n = 0
+
+    def token(self, now: float) -> None:
+        """A token-bearing chunk arrived at ``now`` (monotonic seconds)."""
+        self._n += 1
+        if self._last is None:
+            self._rec.first_token_s = now - self._t0
+        elif now - self._last > self._itl_max:
+            self._itl_max = now - self._last
+        self._last = now
+
+    def close(self) -> None:
+        """Write ``n_chunks`` and ``itl_max_s`` into the record."""
+        self._rec.n_chunks = self._n
+        self._rec.itl_max_s = self._itl_max if self._n >= 2 else None
 
 
 def _set_if_pending(fut: asyncio.Future[None]) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from slmserve import nvml
+
 
 def _version(dist: str) -> str | None:
     try:
@@ -67,17 +69,10 @@ def gpu_info(gpu_ids: Sequence[int]) -> dict[str, Any]:
     if not gpu_ids:
         return {"gpu_models": [], "driver": None}
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in gpu_ids]
-            driver = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        return {"gpu_models": [str(n) for n in names], "driver": str(driver)}
+        names, driver = nvml.names_and_driver(gpu_ids)
     except Exception as exc:  # NVML missing or broken: record why rather than fail the run
         return {"gpu_models": [], "driver": None, "nvml_error": str(exc)}
+    return {"gpu_models": names, "driver": driver}
 
 
 def collect(cfg: Mapping[str, Any], gpu_ids: Sequence[int] = ()) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """DCGM-style GPU and host telemetry, sampled in a background thread.
 
 :class:`Sampler` reads, every ``interval_s`` (100 ms by default) and for each GPU of the job, through
-NVML (the ``nvidia-ml-py`` module ``pynvml``):
+NVML (:mod:`slmserve.nvml`):
 
 ============================  ==============================================================================
 column                        source
@@ -11,9 +11,8 @@ column                        source
 ``power_w``                   ``nvmlDeviceGetPowerUsage(h)`` (milliwatts) / 1000; on Hopper the driver's
                               ~1 s moving average, so it lags load changes (use ``energy_mj`` for windows)
 ``energy_mj``                 ``nvmlDeviceGetTotalEnergyConsumption(h)``: cumulative millijoules since the
-                              driver loaded (a float column; differences give energy over a window).
-                              Each read costs ~4 ms of CPU (H200, driver 580; the other reads cost
-                              ~0.1 ms together): ``energy_every=N`` reads it every N-th tick only
+                              driver loaded (differences give energy over a window). A read costs ~4 ms
+                              of CPU, 40 times the other reads: ``energy_every=N`` reads it every N-th tick
 ``sm_clock_mhz``              ``nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)``
 ``sm_active_pct``             GPM ``NVML_GPM_METRIC_SM_UTIL`` (what DCGM_FI_PROF_SM_ACTIVE reports)
 ``sm_occupancy_pct``          GPM ``NVML_GPM_METRIC_SM_OCCUPANCY`` (DCGM_FI_PROF_SM_OCCUPANCY)
@@ -22,26 +21,20 @@ column                        source
 ``cpu_util_pct``              ``psutil.cpu_percent(interval=None)``: system-wide host CPU over the last tick
 ============================  ==============================================================================
 
-GPM metrics (Hopper or newer) come from two GPM samples: each tick takes a new sample and computes the
-metrics against the previous tick's sample, so every GPM value covers exactly the interval that ends at
-its row's timestamp. NVML wants the two samples more than 100 ms apart, so with GPM on the interval is
-raised to at least 0.1 s (the effective value is ``Sampler.status["interval_s"]``) and a tick that wakes
-early relative to the previous GPM sample waits the few missing milliseconds. A baseline (GPM samples
-and the CPU counter) is taken when the thread starts; the first row comes one interval later. MIG
-instances are not handled (the whole-GPU sample is taken).
+A GPM value (Hopper or newer) covers exactly the interval that ends at its row's timestamp: each tick
+takes a GPM sample and compares it with the previous tick's. NVML wants the two more than 100 ms apart,
+so with GPM the interval is at least 0.1 s (the effective value is ``Sampler.status["interval_s"]``).
+The first row comes one interval after the start. MIG instances are not handled (whole-GPU samples).
 
-GPU ids are physical NVML indices (NVML ignores ``CUDA_VISIBLE_DEVICES``). All GPUs of one tick share
-the tick's timestamps. Nothing here raises because telemetry is missing: where NVML or GPM is absent
-(CPU machines, older GPUs) or one NVML call fails, the frame keeps the same schema with nulls, the
-flags ``nvml_ok``/``gpm_ok`` say what the row holds, and :attr:`Sampler.status` carries the reason. With
-no GPUs given, or when NVML cannot be initialised, every tick writes one host row with ``gpu`` null.
-
-The loop is cheap on purpose (it runs beside the measured server): NVML calls and plain tuples only,
-the polars frame is built once, in :meth:`Sampler.stop`.
+GPU ids are physical NVML indices. All GPUs of one tick share its timestamps. Missing telemetry never
+raises: where NVML or GPM is absent or one call fails, the row keeps the schema with nulls, the flags
+``nvml_ok``/``gpm_ok`` say what it holds, and :attr:`Sampler.status` says why. With no GPUs, or without
+NVML, every tick writes one host row with ``gpu`` null.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -51,6 +44,8 @@ from typing import Any
 
 import polars as pl
 import psutil
+
+from slmserve import nvml
 
 SCHEMA: dict[str, pl.DataType] = {
     "t_mono_s": pl.Float64(),
@@ -93,17 +88,143 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _note(errors: dict[str, str], key: str, exc: BaseException) -> None:
+    """Keep the first error of each field (``status["field_errors"]``)."""
+    errors.setdefault(key, _err(exc))
+
+
+class _GpmMetrics:
+    """The one reused ``c_nvmlGpmMetricsGet_t`` request for the GPM columns, in column order."""
+
+    def __init__(self, nv: Any) -> None:
+        self._nv = nv
+        self._ids = tuple(getattr(nv, name, default) for name, default in _GPM_METRICS)
+        self._version = getattr(nv, "NVML_GPM_METRICS_GET_VERSION", 1)
+        self._mg = nv.c_nvmlGpmMetricsGet_t()
+        self._prepare()
+
+    def _prepare(self) -> None:
+        mg = self._mg
+        mg.version = self._version
+        mg.numMetrics = len(self._ids)
+        for i, mid in enumerate(self._ids):
+            mg.metrics[i].metricId = mid
+
+    def between(self, sample1: Any, sample2: Any) -> tuple[float | None, ...]:
+        """The metrics over the interval from ``sample1`` to ``sample2`` (None where NVML has none)."""
+        mg = self._mg
+        self._prepare()
+        mg.sample1 = sample1
+        mg.sample2 = sample2
+        self._nv.nvmlGpmMetricsGet(mg)
+        return tuple(float(m.value) if m.nvmlReturn == 0 else None for m in mg.metrics[: len(self._ids)])
+
+
+class _GpmReader:
+    """One GPU's GPM samples in two buffers, swapped after each read: a read covers the time since the last."""
+
+    def __init__(self, gpu: _Gpu, metrics: _GpmMetrics) -> None:
+        self._gpu = gpu
+        self._metrics = metrics
+        self._prev: Any = None
+        self._cur: Any = None
+        self._primed = False
+        try:
+            self._prev = gpu.nv.nvmlGpmSampleAlloc()
+            self._cur = gpu.nv.nvmlGpmSampleAlloc()
+        except Exception:
+            self.close()
+            raise
+
+    def read(self) -> tuple[tuple[float | None, ...], bool]:
+        """Take a sample; the metrics since the previous one and whether there are any (not on the first)."""
+        g = self._gpu
+        try:
+            g.nv.nvmlGpmSampleGet(g.handle, self._cur)
+        except Exception as exc:  # keep the previous sample: the next value covers a longer interval
+            _note(g.errors, f"gpu{g.index}.gpm_sample", exc)
+            return _NO_GPM, False
+        values: tuple[float | None, ...] = _NO_GPM
+        ok = False
+        if self._primed:
+            try:
+                values, ok = self._metrics.between(self._prev, self._cur), True
+            except Exception as exc:
+                _note(g.errors, f"gpu{g.index}.gpm_metrics", exc)
+        self._prev, self._cur = self._cur, self._prev
+        self._primed = True
+        return values, ok
+
+    def close(self) -> None:
+        """Free both buffers (idempotent)."""
+        for sample in (self._prev, self._cur):
+            if sample is not None:
+                try:
+                    self._gpu.nv.nvmlGpmSampleFree(sample)
+                except Exception as exc:
+                    _note(self._gpu.errors, f"gpu{self._gpu.index}.gpm_free", exc)
+        self._prev = self._cur = None
+
+
 class _Gpu:
-    """Per-GPU state: the NVML handle and the two rolling GPM sample buffers."""
+    """One GPU: its NVML handle (None when NVML has none for it), its GPM reader, and the reads of a row."""
 
-    __slots__ = ("gpm_cur", "gpm_prev", "gpm_primed", "handle", "index")
-
-    def __init__(self, index: int) -> None:
+    def __init__(self, nv: Any, index: int, errors: dict[str, str]) -> None:
+        self.nv = nv
         self.index = index
+        self.errors = errors
         self.handle: Any = None
-        self.gpm_prev: Any = None
-        self.gpm_cur: Any = None
-        self.gpm_primed = False
+        self.gpm: _GpmReader | None = None
+        self._clock_sm = getattr(nv, "NVML_CLOCK_SM", 1)
+
+    def _call(self, field: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:
+            _note(self.errors, f"gpu{self.index}.{field}", exc)
+            return None
+
+    def read(self, read_energy: bool) -> tuple[tuple[float | None, ...], bool]:
+        """The GPU columns of a row, ``gpu_util_pct`` to ``tensor_active_pct``, and ``gpm_ok``."""
+        gpm, gpm_ok = self.gpm.read() if self.gpm is not None else (_NO_GPM, False)
+        nv, h, call = self.nv, self.handle, self._call
+        util = call("gpu_util_pct", nv.nvmlDeviceGetUtilizationRates, h)
+        mem = call("mem_used_mb", nv.nvmlDeviceGetMemoryInfo, h)
+        power = call("power_w", nv.nvmlDeviceGetPowerUsage, h)
+        energy = call("energy_mj", nv.nvmlDeviceGetTotalEnergyConsumption, h) if read_energy else None
+        clock = call("sm_clock_mhz", nv.nvmlDeviceGetClockInfo, h, self._clock_sm)
+        values = (
+            None if util is None else float(util.gpu),
+            None if mem is None else mem.used / _MIB,
+            None if power is None else power / 1000.0,
+            None if energy is None else float(energy),
+            None if clock is None else float(clock),
+            *gpm,
+        )
+        return values, gpm_ok
+
+
+class _Schedule:
+    """Ticks on the fixed grid ``t0 + k * interval_s`` (a late tick skips the points already past), at
+    least ``min_gap_s`` apart; ``t0`` is when the schedule is made."""
+
+    def __init__(self, interval_s: float, min_gap_s: float, stop: threading.Event) -> None:
+        self._interval = interval_s
+        self._min_gap = min_gap_s
+        self._stop = stop
+        self._t0 = self._last = time.monotonic()
+        self._k = 0
+
+    def wait(self) -> float | None:
+        """Sleep until the next tick and return its ``time.monotonic()``; None once ``stop`` is set."""
+        self._k = max(self._k + 1, int((time.monotonic() - self._t0) / self._interval) + 1)
+        if self._stop.wait(max(0.0, self._t0 + self._k * self._interval - time.monotonic())):
+            return None
+        gap = time.monotonic() - self._last
+        if gap < self._min_gap and self._stop.wait(self._min_gap - gap):
+            return None
+        self._last = time.monotonic()
+        return self._last
 
 
 def _bare_row(t_mono: float, t_wall: float, gpu: int | None, cpu: float | None) -> tuple:
@@ -133,7 +254,6 @@ class Sampler:
         if energy_every < 1:
             raise ValueError(f"energy_every must be >= 1, got {energy_every!r}")
         self.energy_every = int(energy_every)
-        self._n_ticks = 0
         self.gpu_ids: list[int] = [int(i) for i in gpu_ids]
         self.interval_s = float(interval_s)
         self.frame: pl.DataFrame | None = None
@@ -145,14 +265,9 @@ class Sampler:
             "field_errors": {},  # "gpu<i>.<column>" -> first error seen for that field
         }
         self._nvml_arg = nvml
-        self._nv: Any = None
-        self._nvml_inited = False
+        self._nvml_session = contextlib.ExitStack()
         self._gpus: list[_Gpu] = []
-        self._gpm_any = False
-        self._mg: Any = None  # the reused c_nvmlGpmMetricsGet_t
-        self._gpm_ids: tuple[int, ...] = ()
-        self._clock_sm = 1
-        self._gpm_version = 1
+        self._n_ticks = 0
         self._rows: list[tuple[Any, ...]] = []
         self._stop_evt = threading.Event()
         self._thread: threading.Thread | None = None
@@ -161,16 +276,16 @@ class Sampler:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
-        """Initialise NVML (once), set up GPM where supported and start the sampling thread."""
+        """Open NVML, set up GPM where supported and start the sampling thread."""
         if self._started or self._stopped:
             raise RuntimeError("a Sampler can be started only once")
         self._started = True
         reasons: list[str] = []
         if self.gpu_ids:
-            self._init_nvml(reasons)
+            self._open_gpus(reasons)
         else:
             reasons.append("no GPUs given: host-only sampling")
-        if self._gpm_any and self.interval_s < GPM_MIN_INTERVAL_S:
+        if self._gpm_any() and self.interval_s < GPM_MIN_INTERVAL_S:
             self.interval_s = GPM_MIN_INTERVAL_S
             reasons.append(f"interval raised to {GPM_MIN_INTERVAL_S} s for GPM")
         self.status["interval_s"] = self.interval_s
@@ -187,7 +302,10 @@ class Sampler:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._release()
+        for g in self._gpus:
+            if g.gpm is not None:
+                g.gpm.close()
+        self._nvml_session.close()
         rows, self._rows = self._rows, []
         self.frame = pl.DataFrame(rows, schema=SCHEMA, orient="row") if rows else empty_frame()
         return self.frame
@@ -201,39 +319,33 @@ class Sampler:
     ) -> None:
         self.stop()
 
-    # -- setup and teardown ------------------------------------------------------------------------
-    def _init_nvml(self, reasons: list[str]) -> None:
+    # -- setup -------------------------------------------------------------------------------------
+    def _open_gpus(self, reasons: list[str]) -> None:
+        errors = self.status["field_errors"]
         try:
-            nv = self._nvml_arg
-            if nv is None:
-                import pynvml as nv  # lazy: CPU-only machines need not have NVML
-            nv.nvmlInit()
-        except Exception as exc:
-            reasons.append(f"NVML unavailable ({_err(exc)}): host-only sampling")
+            nv = self._nvml_session.enter_context(
+                nvml.session(self._nvml_arg, on_shutdown_error=lambda exc: _note(errors, "nvmlShutdown", exc))
+            )
+        except nvml.NvmlUnavailable as exc:
+            reasons.append(f"NVML unavailable ({_err(exc.__cause__ or exc)}): host-only sampling")
             return
-        self._nv = nv
-        self._nvml_inited = True
-        self._clock_sm = getattr(nv, "NVML_CLOCK_SM", 1)
-        self._gpm_ids = tuple(getattr(nv, name, default) for name, default in _GPM_METRICS)
-        self._gpm_version = getattr(nv, "NVML_GPM_METRICS_GET_VERSION", 1)
-        all_handles = True
+        metrics: list[_GpmMetrics] = []  # made once, for the first GPU with GPM
         for idx in self.gpu_ids:
-            g = _Gpu(idx)
+            g = _Gpu(nv, idx, errors)
             self._gpus.append(g)
             try:
                 g.handle = nv.nvmlDeviceGetHandleByIndex(idx)
             except Exception as exc:
-                all_handles = False
                 reasons.append(f"GPU {idx}: no NVML handle ({_err(exc)})")
                 continue
-            self._init_gpm(g, reasons)
-        self.status["nvml"] = all_handles
-        self.status["gpm"] = all(g.gpm_prev is not None for g in self._gpus)
+            self._open_gpm(g, metrics, reasons)
+        self.status["nvml"] = all(g.handle is not None for g in self._gpus)
+        self.status["gpm"] = all(g.gpm is not None for g in self._gpus)
 
-    def _init_gpm(self, g: _Gpu, reasons: list[str]) -> None:
-        nv = self._nv
+    @staticmethod
+    def _open_gpm(g: _Gpu, metrics: list[_GpmMetrics], reasons: list[str]) -> None:
         try:
-            supported = bool(nv.nvmlGpmQueryDeviceSupport(g.handle).isSupportedDevice)
+            supported = bool(g.nv.nvmlGpmQueryDeviceSupport(g.handle).isSupportedDevice)
         except Exception as exc:
             reasons.append(f"GPU {g.index}: GPM unavailable ({_err(exc)})")
             return
@@ -241,149 +353,50 @@ class Sampler:
             reasons.append(f"GPU {g.index}: GPM not supported (needs Hopper or newer)")
             return
         try:
-            if self._mg is None:
-                mg = nv.c_nvmlGpmMetricsGet_t()
-                self._prepare_metrics_get(mg)
-                self._mg = mg
-            g.gpm_prev = nv.nvmlGpmSampleAlloc()
-            g.gpm_cur = nv.nvmlGpmSampleAlloc()
+            if not metrics:
+                metrics.append(_GpmMetrics(g.nv))
+            g.gpm = _GpmReader(g, metrics[0])
         except Exception as exc:
             reasons.append(f"GPU {g.index}: GPM setup failed ({_err(exc)})")
-            self._free_gpm(g)
-            return
-        self._gpm_any = True
 
-    def _prepare_metrics_get(self, mg: Any) -> None:
-        mg.version = self._gpm_version
-        mg.numMetrics = len(self._gpm_ids)
-        for i, mid in enumerate(self._gpm_ids):
-            mg.metrics[i].metricId = mid
-
-    def _free_gpm(self, g: _Gpu) -> None:
-        for attr in ("gpm_prev", "gpm_cur"):
-            sample = getattr(g, attr)
-            if sample is not None:
-                try:
-                    self._nv.nvmlGpmSampleFree(sample)
-                except Exception as exc:
-                    self.status["field_errors"].setdefault(f"gpu{g.index}.gpm_free", _err(exc))
-                setattr(g, attr, None)
-
-    def _release(self) -> None:
-        if not self._nvml_inited:
-            return
-        for g in self._gpus:
-            self._free_gpm(g)
-        try:
-            self._nv.nvmlShutdown()
-        except Exception as exc:
-            self.status["field_errors"].setdefault("nvmlShutdown", _err(exc))
-        self._nvml_inited = False
+    def _gpm_any(self) -> bool:
+        return any(g.gpm is not None for g in self._gpus)
 
     # -- the sampling thread -----------------------------------------------------------------------
     def _run(self) -> None:
         # psutil keeps the cpu_percent baseline per thread: prime it here, with the GPM baseline.
         self._cpu_percent()
         for g in self._gpus:
-            if g.gpm_prev is not None:
-                self._gpm_read(g)
-        interval = self.interval_s
-        t0 = last = time.monotonic()
-        k = 1
-        evt = self._stop_evt
-        while not evt.wait(max(0.0, t0 + k * interval - time.monotonic())):
-            if self._gpm_any:
-                gap = time.monotonic() - last
-                if gap < GPM_MIN_INTERVAL_S and evt.wait(GPM_MIN_INTERVAL_S - gap):
-                    break
-            last = time.monotonic()
+            if g.gpm is not None:
+                g.gpm.read()
+        min_gap = GPM_MIN_INTERVAL_S if self._gpm_any() else 0.0
+        schedule = _Schedule(self.interval_s, min_gap, self._stop_evt)
+        while (t_mono := schedule.wait()) is not None:
             try:
-                self._tick(last, time.time())
+                self._tick(t_mono, time.time())
             except Exception as exc:  # never let the thread die; keep sampling
-                self.status["field_errors"].setdefault("tick", _err(exc))
-            # Next point of the fixed grid t0 + k*interval that lies in the future (late ticks are skipped).
-            k = max(k + 1, int((time.monotonic() - t0) / interval) + 1)
+                _note(self.status["field_errors"], "tick", exc)
 
     def _cpu_percent(self) -> float | None:
         try:
             return float(psutil.cpu_percent(interval=None))
         except Exception as exc:
-            self.status["field_errors"].setdefault("host.cpu_util_pct", _err(exc))
+            _note(self.status["field_errors"], "host.cpu_util_pct", exc)
             return None
-
-    def _call(self, g: _Gpu, field: str, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except Exception as exc:
-            self.status["field_errors"].setdefault(f"gpu{g.index}.{field}", _err(exc))
-            return None
-
-    def _gpm_read(self, g: _Gpu) -> tuple[tuple[float | None, ...], bool]:
-        """Take a GPM sample into the spare buffer; compute metrics against the previous one."""
-        nv = self._nv
-        cur = g.gpm_cur
-        try:
-            nv.nvmlGpmSampleGet(g.handle, cur)
-        except Exception as exc:  # keep the previous sample: the next value covers a longer interval
-            self.status["field_errors"].setdefault(f"gpu{g.index}.gpm_sample", _err(exc))
-            return _NO_GPM, False
-        values: tuple[float | None, ...] = _NO_GPM
-        ok = False
-        if g.gpm_primed:
-            mg = self._mg
-            self._prepare_metrics_get(mg)
-            mg.sample1 = g.gpm_prev
-            mg.sample2 = cur
-            try:
-                nv.nvmlGpmMetricsGet(mg)
-                values = tuple(
-                    float(m.value) if m.nvmlReturn == 0 else None
-                    for m in (mg.metrics[i] for i in range(len(self._gpm_ids)))
-                )
-                ok = True
-            except Exception as exc:
-                self.status["field_errors"].setdefault(f"gpu{g.index}.gpm_metrics", _err(exc))
-        g.gpm_prev, g.gpm_cur = cur, g.gpm_prev
-        g.gpm_primed = True
-        return values, ok
 
     def _tick(self, t_mono: float, t_wall: float) -> None:
         cpu = self._cpu_percent()
-        rows = self._rows
         if not self._gpus:
-            rows.append(_bare_row(t_mono, t_wall, None, cpu))
+            self._rows.append(_bare_row(t_mono, t_wall, None, cpu))
             return
-        nv = self._nv
-        call = self._call
         read_energy = self._n_ticks % self.energy_every == 0
         self._n_ticks += 1
         for g in self._gpus:
-            h = g.handle
-            if h is None:
-                rows.append(_bare_row(t_mono, t_wall, g.index, cpu))
+            if g.handle is None:
+                self._rows.append(_bare_row(t_mono, t_wall, g.index, cpu))
                 continue
-            gpm, gpm_ok = self._gpm_read(g) if g.gpm_prev is not None else (_NO_GPM, False)
-            util = call(g, "gpu_util_pct", nv.nvmlDeviceGetUtilizationRates, h)
-            mem = call(g, "mem_used_mb", nv.nvmlDeviceGetMemoryInfo, h)
-            power = call(g, "power_w", nv.nvmlDeviceGetPowerUsage, h)
-            energy = call(g, "energy_mj", nv.nvmlDeviceGetTotalEnergyConsumption, h) if read_energy else None
-            clock = call(g, "sm_clock_mhz", nv.nvmlDeviceGetClockInfo, h, self._clock_sm)
-            rows.append(
-                (
-                    t_mono,
-                    t_wall,
-                    g.index,
-                    None if util is None else float(util.gpu),
-                    None if mem is None else mem.used / _MIB,
-                    None if power is None else power / 1000.0,
-                    None if energy is None else float(energy),
-                    None if clock is None else float(clock),
-                    *gpm,
-                    cpu,
-                    True,
-                    gpm_ok,
-                )
-            )
+            values, gpm_ok = g.read(read_energy)
+            self._rows.append((t_mono, t_wall, g.index, *values, cpu, True, gpm_ok))
 
 
 # summary key prefix -> column; "<prefix>_mean" and "<prefix>_max" are reported.

