@@ -26,7 +26,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from slmserve import analysis, runner, stats  # noqa: E402
+from slmserve import analysis, runner, stats
 
 MODELS = {"opt125m": "config/models/opt-125m", "opt1.3b": "config/models/opt-1.3b", "opt2.7b": "config/models/opt-2.7b"}
 
@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> None:
 
 def compare(args: argparse.Namespace) -> pl.DataFrame:
     paths = sorted(str(p) for p in args.out.glob("*/*/bs*.requests.parquet"))
-    rows = analysis.summarize_runs(paths).filter(pl.col("status") == "ok")
+    rows = pl.DataFrame([r for p in paths for r in analysis.summarize_repeats(p)], infer_schema_length=None)
+    rows = rows.filter(pl.col("status") == "ok")
     rows = rows.with_columns(mode=pl.col("path").str.extract(r"/(scheduler|restart|client)/bs"))
     out = []
     for (model, batch), g in rows.group_by("model", "batch_size", maintain_order=True):

@@ -3,7 +3,7 @@
 On one vLLM server and one workload (N token-id prompts sent at once, at most B in flight, ``max_tokens``
 output tokens with ``ignore_eos``), three clients take turns and their throughputs are compared:
 
-* ``slmserve``: :mod:`slmserve.loadgen` as :func:`slmserve.runner.measure` drives it under
+* ``slmserve``: :mod:`slmserve.loadgen` as :func:`slmserve.runner.load_spec` drives it under
   ``batch_control: client`` (:func:`slmserve_spec`, :func:`slmserve_client`);
 * ``vllm-bench``: ``vllm bench serve`` in a subprocess (:func:`vllm_bench_client`). Offline and without a
   tokenizer it runs only as ``--skip-tokenizer-init --dataset-name custom`` on token-id prompts, with
@@ -38,7 +38,7 @@ import polars as pl
 
 from slmserve import analysis, io, loadgen, runner
 from slmserve.loadgen import LoadSpec, run_load_async, to_frame
-from slmserve.runner import until_server_dies
+from slmserve.measure import lag_threshold_s, until_server_dies
 
 SUBJECT = "slmserve"
 VLLM_BENCH = "vllm-bench"
@@ -120,7 +120,7 @@ def request_body(model: str, prompt: Sequence[int], output_len: int) -> dict[str
 
 async def guarded(coro: Coroutine[Any, Any, _T], alive: Callable[[], bool] | None, poll_s: float = 0.5) -> _T:
     """Await ``coro``; with ``alive``, cancel it and raise as soon as the server dies
-    (:func:`slmserve.runner.until_server_dies`)."""
+    (:func:`slmserve.measure.until_server_dies`)."""
     if alive is None:
         return await coro
     return await until_server_dies(coro, alive, poll_s)
@@ -229,7 +229,7 @@ def slmserve_spec(
     warmup_requests: int = 8,
     stream: bool = True,
 ) -> LoadSpec:
-    """The :class:`LoadSpec` that :func:`slmserve.runner.measure` builds for ``batch_control: client`` at
+    """The :class:`LoadSpec` that :func:`slmserve.runner.load_spec` builds for ``batch_control: client`` at
     an infinite arrival rate (the whole batch in flight, the client holding it at ``batch``)."""
     n = len(prompts)
     return LoadSpec(
@@ -243,7 +243,7 @@ def slmserve_spec(
         seed=0,
         stream=stream,
         warmup=runner.warmup_for(warmup_requests, batch, n),
-        lag_threshold_s=max(0.010, 0.0005 * min(n, batch)),
+        lag_threshold_s=lag_threshold_s(min(n, batch)),
     )
 
 

@@ -39,6 +39,7 @@ from bench import fidelity
 from bench.fidelity import MINIMAL, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
 from slmserve import provenance, runner
 from slmserve.gpuslots import Allocation, GpuSlots
+from slmserve.measure import batch_fits
 from slmserve.server import VllmServer, install_signal_handlers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +159,7 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
     rows: list[dict[str, Any]] = []
     job = sweep_job(args)
     batches = sorted(args.batch_sizes)
-    with VllmServer(runner._server_spec(job, alloc, max(batches), "fidelity")) as srv:
+    with VllmServer(runner.server_spec(job, alloc, max(batches), "fidelity")) as srv:
         log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
 
         def document() -> dict[str, Any]:
@@ -166,10 +167,9 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
             return {**doc, "vllm_bench": bench, "settings": settings, "server": srv.info(), "provenance": prov}
 
         for batch in batches:
-            need = runner.kv_tokens_needed(batch, args.input_len, args.output_len, srv.block_size, "admission")
-            if srv.kv_cache_tokens is not None and need > srv.kv_cache_tokens:
-                log.warning("batch %d skipped: needs %d KV-cache tokens, the server has %d", batch, need,
-                            srv.kv_cache_tokens)  # fmt: skip
+            reason = batch_fits(batch, srv, args.input_len, args.output_len, "admission")
+            if reason is not None:
+                log.warning("batch %d skipped: %s", batch, reason)
                 continue
             n = fidelity.requests_for(batch, len(prompts_all), args.requests)
             prompts = prompts_all[:n]

@@ -32,7 +32,7 @@ class StandInUnsupportedServer:
         return None
 
 
-@pytest.mark.parametrize("batch_control", ["server", "client"])
+@pytest.mark.parametrize("batch_control", ["restart", "scheduler", "client"])
 def test_unsupported_model_is_one_start_and_a_result_per_batch_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_control: str
 ) -> None:
@@ -125,7 +125,7 @@ def test_a_models_engine_args_reach_the_server_the_record_and_the_caption(
         num_requests=1, engine_args=args,
     )  # fmt: skip
     with runner.GpuSlots(1, label="test") as alloc:
-        argv = runner._server_spec(job, alloc, 8, "t").argv(8000)
+        argv = runner.server_spec(job, alloc, 8, "t").argv(8000)
     assert argv[-2:] == args and argv.count("--attention-backend") == 1
     assert job.describe()["engine_args"] == args
     plain = runner.SweepJob(**{**vars(job), "engine_args": []})

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slmserve import runner, server
+from slmserve import measure, server
 from slmserve.loadgen import LoadResult, RequestRecord
 from slmserve.server import InfeasibleError, ServerError, ServerSpec, UnsupportedError, VllmServer
 
@@ -331,22 +331,22 @@ def test_a_load_that_fails_as_the_server_dies_is_reported_as_its_death(stand_in)
         assert srv.alive()
         threading.Timer(0.5, os.killpg, (leader, signal.SIGKILL)).start()
         with pytest.raises(ServerError, match="server died during the measured run at batch 8") as err:
-            runner.check_load(srv, _load_with_errors(3, 5), "at batch 8")
+            measure.check_load(srv, _load_with_errors(3, 5), "at batch 8")
         assert "last lines of the server log" in str(err.value) and "KV cache size" in str(err.value)
 
 
 def test_failed_requests_on_a_live_server_are_named_with_the_first_error(
     stand_in, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runner, "DEATH_GRACE_S", 0.2)
+    monkeypatch.setattr(measure, "DEATH_GRACE_S", 0.2)
     spec, _ = stand_in("serve")
     with VllmServer(spec) as srv:
-        runner.check_load(srv, _load_with_errors(4, 0), "at batch 4")  # a clean load on a live server passes
+        measure.check_load(srv, _load_with_errors(4, 0), "at batch 4")  # a clean load on a live server passes
         with pytest.raises(ServerError, match=r"2 of 5 requests failed of replica 1; first error: ConnectError"):
-            runner.check_load(srv, _load_with_errors(3, 2), "of replica 1")
+            measure.check_load(srv, _load_with_errors(3, 2), "of replica 1")
         assert srv.alive()
         with pytest.raises(ServerError, match="server died during the measured run of replica 1"):
-            runner.check_load(srv, None, "of replica 1")  # the load was cancelled: the server died
+            measure.check_load(srv, None, "of replica 1")  # the load was cancelled: the server died
 
 
 def test_interrupt_while_the_server_starts_cleans_up_within_seconds(stand_in) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import polars as pl
 
-from slmserve import io, provenance, telemetry
+from slmserve import io, measure, provenance, stats, telemetry
 
 # A run whose load generator used more than this share of one core may have been client-bound.
 CLIENT_CPU_LIMIT = 0.9
@@ -103,12 +103,12 @@ def request_metrics(req: pl.DataFrame) -> dict[str, Any]:
     }
 
 
-def summarize_run(requests_path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> dict:
-    """One summary row from a requests parquet and the telemetry parquet beside it."""
-    meta = io.read_meta(requests_path)
+def _run_row(meta: Mapping[str, Any], path: str, models: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The key and provenance columns of a point's summary rows."""
     run, prov = meta["run"], meta["provenance"]
     entry = (models or {}).get(run["model"], {})
-    row: dict[str, Any] = {
+    servers = [s for r in measure.repeats_of(meta) for s in r.get("servers") or [] if s] or [meta.get("server") or {}]
+    return {
         "model": run["model"],
         "family": entry.get("family"),
         "params": entry.get("params"),
@@ -122,34 +122,37 @@ def summarize_run(requests_path: str | os.PathLike[str], models: Mapping[str, An
         "engine_args": " ".join(run.get("engine_args") or []) or None,
         "status": meta["status"],
         "reason": meta.get("reason"),
-        "kv_cache_tokens": (meta.get("server") or {}).get("kv_cache_tokens"),
+        "kv_cache_tokens": (servers[0] or {}).get("kv_cache_tokens"),
         "gpu_model": ", ".join(sorted(set(prov.get("gpu_models") or []))) or f"CPU: {prov.get('cpu_model')}",
         "gpu_ids": ",".join(map(str, meta.get("gpu_ids") or [])),
         "engine": prov.get("engine"),
         "engine_version": prov.get("engine_version"),
         "git_sha": prov.get("git_sha"),
         "profile": run.get("profile"),
-        "path": str(requests_path),
+        "path": path,
     }
-    if meta["status"] != "ok":
-        return row
-    req = pl.read_parquet(requests_path)
-    row.update(request_metrics(req))
-    load = meta.get("load", {})
+
+
+def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame) -> dict[str, Any]:
+    """Request, client, engine and telemetry metrics of one repeat of a point on one server."""
+    row = request_metrics(req)
+    load = (rep.get("loads") or [{}])[0]
+    engine = (rep.get("engine") or [{}])[0] or {}
     row.update(
         peak_inflight=load.get("peak_inflight"),
         lag_p99_s=load.get("lag_p99_s"),
         client_cpu_frac=load.get("client_cpu_frac"),
-        preemptions=(meta.get("server_counters") or {}).get("vllm:num_preemptions_total"),
+        preemptions=((rep.get("server_counters") or [{}])[0] or {}).get("vllm:num_preemptions_total"),
+        effective_batch=engine.get("effective_batch"),
+        running_max=engine.get("running_max"),
         client_ok=bool(
             load.get("lag_ok", True)
             and load.get("inflight_ok", True)
             and (load.get("client_cpu_frac") or 0.0) < CLIENT_CPU_LIMIT
         ),
     )
-    t0 = load.get("t0_mono", 0.0)
-    tel = pl.read_parquet(telemetry_path(requests_path))
     if row.get("duration_s") is not None:
+        t0 = rep.get("t0_mono") or 0.0
         tsum = telemetry.summarize(tel, t0 + row["window_start_s"], t0 + row["window_end_s"])
         row.update(tsum)
         energy = tsum.get("energy_j")
@@ -157,11 +160,79 @@ def summarize_run(requests_path: str | os.PathLike[str], models: Mapping[str, An
     return row
 
 
+def summarize_repeats(requests_path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> list[dict]:
+    """One summary row per repeat of a point (column ``repeat``) from its requests parquet and the telemetry
+    parquet beside it; one row without metrics for a point that was not measured."""
+    meta = io.read_meta(requests_path)
+    base = _run_row(meta, str(requests_path), models)
+    if meta["status"] != "ok":
+        return [base]
+    req = pl.read_parquet(requests_path)
+    tel = pl.read_parquet(telemetry_path(requests_path))
+    rows = []
+    for rep in measure.repeats_of(meta):
+        i = rep["repeat"]
+        mine = req.filter(pl.col("repeat") == i) if "repeat" in req.columns else req
+        tel_i = tel.filter(pl.col("repeat") == i) if "repeat" in tel.columns else tel
+        rows.append({**base, "repeat": i, **_repeat_metrics(mine, rep, tel_i)})
+    return rows
+
+
+def summarize_run(requests_path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> dict:
+    """The summary row of a point: its repeats' metrics as means, with n and 95% CIs (:func:`points`)."""
+    return points(pl.DataFrame(summarize_repeats(requests_path, models), infer_schema_length=None)).row(0, named=True)
+
+
 def summarize_runs(paths: Iterable[str | os.PathLike[str]], models: Mapping[str, Any] | None = None) -> pl.DataFrame:
-    rows = [summarize_run(p, models) for p in paths]
+    """One row per point (:func:`points`) of every run file in ``paths``."""
+    rows = [r for p in paths for r in summarize_repeats(p, models)]
     if not rows:
         return pl.DataFrame()
-    return complete(pl.DataFrame(rows, infer_schema_length=None).sort(["model", "tp", "output_len", "batch_size"]))
+    frame = points(pl.DataFrame(rows, infer_schema_length=None))
+    return complete(frame.sort(["model", "tp", "output_len", "batch_size"]))
+
+
+# Metrics reported with their spread over repeats: ``<m>`` is the mean, ``<m>_sd``, ``<m>_ci_lo`` and
+# ``<m>_ci_hi`` the sample SD and the 95% CI (:mod:`slmserve.stats`); ``n_repeats`` counts the repeats.
+CI_METRICS = (
+    "throughput_rps", "output_tok_s", "system_throughput_rps", "latency_mean_s", "latency_p50_s", "latency_p99_s",
+    "ttft_mean_s", "tpot_mean_s", "power_w_mean", "energy_per_token_j",
+)  # fmt: skip
+_WORST_LOW = ("n_ok", "peak_inflight", "n_samples")  # per-repeat counts: the point reports the smallest
+
+
+def _agg(col: str, dtype: pl.DataType) -> pl.Expr:
+    c = pl.col(col)
+    if col in _WORST_LOW:
+        return c.min()
+    if col == "n_error":
+        return c.max()
+    if dtype == pl.Boolean:
+        return c.all()
+    if dtype.is_float():
+        return c.mean()
+    return c.first()
+
+
+def points(repeats: pl.DataFrame) -> pl.DataFrame:
+    """One row per point (per result file, ``path``) from its repeats' rows: each metric's mean (counts:
+    the smallest; flags: all true), ``n_repeats``, and for :data:`CI_METRICS` the SD and 95% CI."""
+    if "repeat" not in repeats.columns:
+        repeats = repeats.with_columns(repeat=pl.lit(None, pl.Int64))
+    aggs = [_agg(c, t).alias(c) for c, t in repeats.schema.items() if c not in ("path", "repeat")]
+    out = repeats.group_by("path", maintain_order=True).agg(*aggs, n_repeats=pl.col("repeat").count())
+    spread = []
+    for _, group in repeats.group_by("path", maintain_order=True):
+        row: dict[str, Any] = {}
+        for m in CI_METRICS:
+            if m in group.columns:
+                d = stats.describe(group[m].to_list())
+                row.update({f"{m}_sd": d["sd"], f"{m}_ci_lo": d["ci_lo"], f"{m}_ci_hi": d["ci_hi"]})
+        spread.append(row)
+    extra = pl.DataFrame(spread, infer_schema_length=None)
+    order = [c for c in repeats.columns if c != "repeat"]
+    out = out.select([*order, "n_repeats"])
+    return pl.concat([out, extra], how="horizontal") if extra.width else out
 
 
 def planned_row(path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> dict[str, Any]:

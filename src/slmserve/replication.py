@@ -19,7 +19,7 @@ import polars as pl
 from slmserve import analysis, io, telemetry
 from slmserve.gpuslots import GpuSlots
 from slmserve.jobguard import guard
-from slmserve.measure import Measurement, batch_fits, header, measure, write_point, write_unmeasured
+from slmserve.measure import Measurement, batch_fits, header, measure, repeats_of, write_point, write_unmeasured
 from slmserve.runner import SweepJob, load_prompts, load_spec, server_spec, wants_repeat
 from slmserve.server import InfeasibleError, VllmServer
 
@@ -82,35 +82,42 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path) -
                 return meta
 
 
-def summarize(path: str | Path, models: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One summary row of a replication run: throughput summed over replicas, latency = the largest
-    replica mean, telemetry over the whole window."""
-    meta = io.read_meta(path)
+def _replication_row(meta: dict[str, Any], path: str, models: dict[str, Any] | None) -> dict[str, Any]:
     run, prov = meta["run"], meta["provenance"]
     entry = (models or {}).get(run["model"], {})
-    row: dict[str, Any] = {
+    return {
         "model": run["model"], "family": entry.get("family"), "params": entry.get("params"),
         "replicas": run["replicas"], "batch_per_replica": run["batch_per_replica"],
         "input_len": run["input_len"], "output_len": run["output_len"],
         "status": meta["status"], "reason": meta.get("reason"),
         "gpu_model": ", ".join(sorted(set(prov.get("gpu_models") or []))) or f"CPU: {prov.get('cpu_model')}",
-        "engine": prov.get("engine"), "engine_version": prov.get("engine_version"), "path": str(path),
+        "engine": prov.get("engine"), "engine_version": prov.get("engine_version"), "path": path,
     }  # fmt: skip
-    if meta["status"] != "ok":
-        return row
-    req = pl.read_parquet(path)
+
+
+def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) -> dict[str, Any]:
+    """Metrics of one repeat of a replication run (request times on the replicas' common clock):
+
+    * ``throughput_rps`` (system throughput, the headline) = all replicas' completed requests / (last end -
+      first send over all replicas); ``output_tok_s`` likewise with output tokens;
+    * ``throughput_sum_rps`` = the sum of each replica's own rate (its requests over its own window), the
+      paper's way of adding replicas up; it exceeds the system throughput when replicas end at different times;
+    * ``latency_mean_s`` = the largest replica mean (as in the paper), ``latency_mean_per_replica`` each one;
+    * telemetry over the common window; ``energy_per_token_j`` = GPU energy / all output tokens.
+    """
     per = [analysis.request_metrics(g) for _, g in sorted(req.group_by("replica"), key=lambda kv: kv[0])]
-    row.update(
-        n_ok=sum(p["n_ok"] for p in per),
-        throughput_rps=sum(p["throughput_rps"] or 0.0 for p in per),
-        output_tok_s=sum(p["output_tok_s"] or 0.0 for p in per),
-        latency_mean_s=max(p["latency_mean_s"] for p in per),
-        latency_mean_per_replica=[p["latency_mean_s"] for p in per],
-        preemptions=sum(c.get("vllm:num_preemptions_total", 0.0) for c in meta.get("server_counters", [])),
-    )
     whole = analysis.request_metrics(req)
-    tel = pl.read_parquet(analysis.telemetry_path(path))
-    t0 = meta["t0_mono"]
+    row: dict[str, Any] = {
+        "n_ok": whole["n_ok"],
+        "throughput_rps": whole["throughput_rps"],
+        "output_tok_s": whole.get("output_tok_s"),
+        "throughput_sum_rps": sum(p["throughput_rps"] or 0.0 for p in per),
+        "latency_mean_s": max(p["latency_mean_s"] for p in per),
+        "latency_mean_per_replica": [p["latency_mean_s"] for p in per],
+        "preemptions": sum((c or {}).get("vllm:num_preemptions_total", 0.0) for c in rep.get("server_counters") or []),
+        "effective_batch": sum((e or {}).get("effective_batch") or 0.0 for e in rep.get("engine") or []) or None,
+    }
+    t0 = rep.get("t0_mono") or 0.0
     tsum = telemetry.summarize(tel, t0 + whole["window_start_s"], t0 + whole["window_end_s"])
     row.update(tsum)
     energy, tokens = tsum.get("energy_j"), whole.get("output_tokens")
@@ -118,10 +125,27 @@ def summarize(path: str | Path, models: dict[str, Any] | None = None) -> dict[st
     return row
 
 
+def summarize_repeats(path: str | Path, models: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One summary row per repeat of a replication run (:func:`repeat_metrics`); one row without metrics
+    for a run that was not measured."""
+    meta = io.read_meta(path)
+    base = _replication_row(meta, str(path), models)
+    if meta["status"] != "ok":
+        return [base]
+    req = pl.read_parquet(path)
+    tel = pl.read_parquet(analysis.telemetry_path(path))
+    rows = []
+    for rep in repeats_of(meta):
+        i = rep["repeat"]
+        mine = req.filter(pl.col("repeat") == i) if "repeat" in req.columns else req
+        tel_i = tel.filter(pl.col("repeat") == i) if "repeat" in tel.columns else tel
+        rows.append({**base, "repeat": i, **repeat_metrics(mine, rep, tel_i)})
+    return rows
+
+
 def summarize_runs(paths: list[str | Path], models: dict[str, Any] | None = None) -> pl.DataFrame:
-    rows = [summarize(p, models) for p in paths]
-    return (
-        analysis.complete(pl.DataFrame(rows, infer_schema_length=None).sort("model", "replicas"))
-        if rows
-        else pl.DataFrame()
-    )
+    """One row per replication run: its repeats' means with n and 95% CIs (:func:`slmserve.analysis.points`)."""
+    rows = [r for p in paths for r in summarize_repeats(p, models)]
+    if not rows:
+        return pl.DataFrame()
+    return analysis.complete(analysis.points(pl.DataFrame(rows, infer_schema_length=None)).sort("model", "replicas"))

@@ -26,7 +26,7 @@ from typing import Any
 
 import polars as pl
 
-from slmserve import batchcap, capacity, io, provenance
+from slmserve import batchcap, capacity, io, nvml, provenance
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.jobguard import guard
 from slmserve.loadgen import LoadSpec
@@ -183,24 +183,13 @@ def memory_settings(job: SweepJob, alloc: Allocation) -> dict[str, Any]:
         return {"gpu_memory_utilization": 0.5, "kv_cache_memory_bytes": int(job.cpu_kv_cache_gb * 2**30)}
     if job.memory_budget_gb is None:
         return {"gpu_memory_utilization": job.memory_share}
-    total = gpu_total_gb(alloc.nvml_indices[0]) if alloc.nvml_indices else None
+    total = nvml.total_memory_bytes(alloc.nvml_indices[0]) / 1e9 if alloc.nvml_indices else None
     if total is None:
         raise ServerError("memory_budget_gb needs NVML to read the GPU's total memory")
     util = job.memory_budget_gb / total
     if util > 1:
         raise InfeasibleError(f"memory budget {job.memory_budget_gb} GB exceeds the GPU's {total:.1f} GB")
     return {"gpu_memory_utilization": util}
-
-
-def gpu_total_gb(nvml_index: int) -> float:
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(nvml_index))
-        return float(info.total) / 1e9
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) -> ServerSpec:
