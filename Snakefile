@@ -8,13 +8,16 @@
 
 from snakemake.utils import min_version, validate
 
+from slmserve.config import check_schema
+
 min_version("9.0")
 
 
 configfile: "config/config.yaml"
 
 
-validate(config, "config/schemas/config.schema.yaml")
+check_schema(config, f"{workflow.basedir}/config/schemas/config.schema.yaml")  # a short message per bad key
+validate(config, "config/schemas/config.schema.yaml")  # fills the defaults
 
 
 report: "report/workflow.rst"

@@ -31,7 +31,7 @@ def test_paper_config_validates_and_fills_defaults(cfg: dict) -> None:
     assert cfg["telemetry"] == {"interval_ms": 100, "enabled": True}
     assert cfg["workload"] == {
         "num_requests": 500, "input_len": 512, "output_len": 256, "arrival_rate": "inf", "warmup_requests": 8,
-        "rounds_per_batch": None, "min_requests": 64,
+        "rounds_per_batch": None, "min_requests": 64, "repeats": 3, "repeat_budget_s": 600,
     }  # fmt: skip
     assert cfg["experiments"]["sweep"]["batch_sizes"] == [2**i for i in range(10)]
     assert cfg["experiments"]["replication"]["replicas"] == [1, 2, 3]
@@ -70,7 +70,7 @@ def test_every_schema_key_has_description_and_default() -> None:
         ),
         (
             lambda c: c["engine"].__setitem__("batch_control", "both"),
-            r"'both' is not one of \['client', 'server'\]",
+            r"'both' is not one of \['restart', 'scheduler', 'client', 'server'\]",
         ),
         (lambda c: c["workload"].__setitem__("input_len", 0), r"0 is less than the minimum of 1"),
         (lambda c: c.__setitem__("bogus", 1), r"Additional properties are not allowed \('bogus'"),

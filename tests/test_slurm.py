@@ -44,6 +44,7 @@ from tests.conftest import ROOT, SNAKEMAKE, requires_engine
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.engine, requires_engine]
 
 SCRIPTS = ROOT / "tests" / "slurm"
+FIXTURE_RUNS = ROOT / "tests/fixtures/results/runs/opt125m/tp1-out16-rateinf"  # a local run of the smoke DAG
 SLURM_DIR = Path(os.environ.get("SLMSERVE_SLURM_DIR", "/tmp/slmserve-slurm"))
 PARTITION, ACCOUNT = "debug", "slmtest"  # what start_slurm.sh creates
 GPU_RULES = ("sweep", "output_lengths", "replication", "kv_probe")
@@ -331,10 +332,14 @@ def test_smoke_dag_through_slurm_profile(slurm: dict[str, str], tmp_path: Path) 
             assert rec["State"] == "COMPLETED" and rec["ExitCode"] == "0:0", rec
             assert rec["Comment"].startswith("rule_sweep"), rec
             assert "gres/gpu=1" in rec["AllocTRES"], rec  # gpu=1 became sbatch --gpus=1
-            # GPU pinning used exactly the GPUs SLURM allocated (never the blocker's)
-            expect_ids = gpus_of[jid] if gpu_files == "devices" else []
-            assert meta["gpu_ids"] == expect_ids, (meta["gpu_ids"], gpus_of, blocked)
-            assert not set(meta["gpu_ids"]) & set(blocked)
+            # GPU pinning used exactly the GPUs SLURM allocated (never the blocker's); with plain-file fake
+            # GPUs SLURM sets no CUDA_VISIBLE_DEVICES and there is nothing to pin (said at the start)
+            if gpu_files == "devices":
+                assert gpus_of.get(jid), f"no GPU seen allocated to SLURM job {jid}: {gpus_of}"
+                assert meta["gpu_ids"] and meta["gpu_ids"] == gpus_of[jid], (meta["gpu_ids"], gpus_of, blocked)
+                assert not set(meta["gpu_ids"]) & set(blocked)
+            else:
+                assert meta["gpu_ids"] == [], meta["gpu_ids"]
             assert meta["status"] == "ok"
             # the same schemas and provenance fields as a local run writes
             req = pl.read_parquet(path)
@@ -346,12 +351,14 @@ def test_smoke_dag_through_slurm_profile(slurm: dict[str, str], tmp_path: Path) 
             assert prov["engine"] == "vllm-cpu" and prov["hostname"]
         assert len({io.read_meta(p)["provenance"]["slurm_job_id"] for p in runs}) == 1  # one sweep job
 
-        # the summary the workflow wrote equals the one computed here, locally, from the same runs
+        # the summary matches an independent local run of the same smoke DAG (the committed fixture, made by
+        # tests/fixtures/make_fixtures.sh): same columns and types, points, statuses and request counts
         summary = pl.read_parquet(out / "summary/sweep.parquet")
-        models = yaml.safe_load((ROOT / "config/config.yaml").read_text())["models"]
-        local = analysis.summarize_runs([str(p) for p in runs], models)
-        assert summary.columns == local.columns
-        assert_frame_equal(summary, local)
+        local = analysis.summarize_runs(sorted(str(p) for p in FIXTURE_RUNS.glob("bs*.requests.parquet")))
+        assert set(summary.columns) == set(local.columns), set(summary.columns) ^ set(local.columns)
+        keys = ["model", "tp", "batch_size", "output_len", "status", "n_ok"]
+        assert_frame_equal(summary.select(keys), local.select(keys))
+        assert (summary["throughput_rps"] > 0).all() and summary["path"].str.starts_with(str(out)).all()
         for ext in ("png", "svg", "html", "caption.md"):
             assert (fig / f"throughput_latency.{ext}").stat().st_size > 0
 

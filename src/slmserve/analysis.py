@@ -41,14 +41,18 @@ METRICS: dict[str, pl.DataType] = {
     "dram_bw_mean": _F, "dram_bw_max": _F, "tensor_active_mean": _F, "tensor_active_max": _F, "gpu_util_mean": _F,
     "gpu_util_max": _F, "sm_clock_mhz_mean": _F, "sm_clock_mhz_max": _F, "power_w_mean": _F,
     "power_w_mean_per_gpu": _F, "energy_j": _F, "mem_used_mb_max": _F, "cpu_util_mean": _F, "n_samples": _I,
-    "n_gpus": _I, "nvml_ok": _B, "gpm_ok": _B, "energy_per_token_j": _F,
+    "n_gpus": _I, "nvml_ok": _B, "gpm_ok": _B, "energy_per_token_j": _F, "energy_window_s": _F,
+    "energy_samples": _I, "energy_window_ok": _B, "effective_batch": _F,
 }  # fmt: skip
 RUN_METRICS: dict[str, pl.DataType] = {
     "n_error": _I, "window_start_s": _F, "window_end_s": _F, "duration_s": _F, "output_tokens": _I,
     "latency_p50_s": _F, "latency_p99_s": _F, "ttft_mean_s": _F, "ttft_p50_s": _F, "ttft_p99_s": _F,
     "tpot_mean_s": _F, "peak_inflight": _I, "lag_p99_s": _F, "client_cpu_frac": _F, "client_ok": _B,
+    "running_max": _F,
 }  # fmt: skip
-REPLICATION_METRICS: dict[str, pl.DataType] = {"latency_mean_per_replica": pl.List(pl.Float64())}
+REPLICATION_METRICS: dict[str, pl.DataType] = {
+    "latency_mean_per_replica": pl.List(pl.Float64()), "throughput_sum_rps": _F,
+}  # fmt: skip
 
 
 def complete(summary: pl.DataFrame) -> pl.DataFrame:
@@ -155,9 +159,25 @@ def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame
         t0 = rep.get("t0_mono") or 0.0
         tsum = telemetry.summarize(tel, t0 + row["window_start_s"], t0 + row["window_end_s"])
         row.update(tsum)
-        energy = tsum.get("energy_j")
-        row["energy_per_token_j"] = energy / row["output_tokens"] if energy and row["output_tokens"] else None
+        row.update(energy_metrics(tsum.get("energy_j"), row["output_tokens"], row["duration_s"], tsum["n_samples"]))
     return row
+
+
+# A window shorter than this holds too few telemetry samples (and power readings that lag a changing load)
+# for an energy figure to be trusted: the summary flags it (energy_window_ok false).
+ENERGY_MIN_WINDOW_S = 10.0
+
+
+def energy_metrics(energy_j: float | None, output_tokens: int | None, window_s: float, n_samples: int) -> dict:
+    """``energy_per_token_j`` = GPU energy over the measurement window (NVML's cumulative counter, last
+    minus first sample in the window, all GPUs) / output tokens; with the window (``energy_window_s``),
+    its sample count (``energy_samples``) and ``energy_window_ok`` = window >= ENERGY_MIN_WINDOW_S."""
+    return {
+        "energy_per_token_j": energy_j / output_tokens if energy_j and output_tokens else None,
+        "energy_window_s": window_s,
+        "energy_samples": n_samples,
+        "energy_window_ok": window_s >= ENERGY_MIN_WINDOW_S,
+    }
 
 
 def summarize_repeats(requests_path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> list[dict]:
@@ -271,4 +291,8 @@ def with_not_measured(
 
 
 def write_summary(summary: pl.DataFrame, path: str | os.PathLike[str], config: Mapping[str, Any]) -> None:
-    io.write_parquet(summary, path, {"provenance": provenance.collect(dict(config)), "rows": summary.height})
+    """Write a summary with the provenance of its measurements (each row's engine, GPU and git SHA; the
+    config hash), nothing of the re-plot itself: re-plotting unchanged results rewrites identical bytes."""
+    sha = sorted(set(summary["git_sha"].drop_nulls().to_list())) if "git_sha" in summary.columns else []
+    meta = {"config_hash": provenance.config_hash(dict(config)), "rows": summary.height, "measured_git_sha": sha}
+    io.write_parquet(summary, path, meta)

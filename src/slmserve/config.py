@@ -34,6 +34,25 @@ def rate_label(rate: float) -> str:
     return "inf" if math.isinf(rate) else f"{rate:g}"
 
 
+def check_schema(config: Mapping[str, Any], schema_path: str | Path) -> None:
+    """Raise :class:`ConfigError` naming the first key that violates the schema, the offending value and
+    what is allowed, in a few lines (Snakemake's ``validate`` would print the whole schema)."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(dict(config)))
+    if error is None:
+        return
+    key = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+    allowed = ""
+    if error.validator == "additionalProperties":
+        allowed = f"; allowed keys here: {', '.join(sorted(error.schema.get('properties', {})))}"
+    elif error.validator == "enum":
+        allowed = f"; allowed values: {', '.join(map(str, error.validator_value))}"
+    raise ConfigError(f"config key {key}: {error.message}{allowed} (schema: {schema_path})")
+
+
 def _experiment_models(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     exps = config.get("experiments", {})
     for exp in ("sweep", "families", "replication", "table1"):
@@ -59,7 +78,7 @@ def check(config: Mapping[str, Any], root: Path | None = None) -> None:
         if not (cfg_dir / "config.json").is_file():
             raise ConfigError(
                 f"config key models.{name}.config: {cfg_dir}/config.json does not exist; point it at a "
-                "folder holding the model's config.json, or set models.{name}.weights"
+                f"folder holding the model's config.json, or set models.{name}.weights"
             )
     wl, eng = config.get("workload", {}), config.get("engine", {})
     need = wl.get("input_len", 512) + max(

@@ -120,8 +120,8 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
     t0 = rep.get("t0_mono") or 0.0
     tsum = telemetry.summarize(tel, t0 + whole["window_start_s"], t0 + whole["window_end_s"])
     row.update(tsum)
-    energy, tokens = tsum.get("energy_j"), whole.get("output_tokens")
-    row["energy_per_token_j"] = energy / tokens if energy and tokens else None
+    row.update(analysis.energy_metrics(tsum.get("energy_j"), whole.get("output_tokens"), whole["duration_s"],
+                                       tsum["n_samples"]))  # fmt: skip
     return row
 
 

@@ -2,6 +2,7 @@
 
 import contextlib
 import logging
+import sys
 
 with (
     open(snakemake.log[0], "w", buffering=1) as log,
@@ -11,7 +12,10 @@ with (
     logging.basicConfig(
         stream=log, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
     )
-    logging.captureWarnings(True)  # TruncatedDatasetWarning goes to the log
+    logging.captureWarnings(True)  # TruncatedDatasetWarning goes to the log, and to the console:
+    console = logging.StreamHandler(sys.__stderr__)
+    console.setFormatter(logging.Formatter("prepare_dataset: %(message)s"))
+    logging.getLogger("py.warnings").addHandler(console)
     from slmserve import dataset  # imported here so that library logging binds to the log file
 
     ds, wl = dict(snakemake.params.dataset), dict(snakemake.params.workload)
