@@ -27,14 +27,7 @@ include: "rules/common.smk"
 
 
 wildcard_constraints:
-    model=MODEL_RE,
-    tp=r"\d+",
-    out=r"\d+",
-    rate=r"inf|\d+(\.\d+)?",
-    bs=r"\d+",
-    n=r"\d+",
-    budget=r"whole|\d+(\.\d+)?gb",
-    experiment=r"sweep|families|output_lengths|replication",
+    **{**WILDCARDS, "model": MODEL_RE},
 
 
 include: "rules/dataset.smk"

@@ -4,7 +4,7 @@
 
 rule kv_probe:
     output:
-        f"{OUT}/capacity/{{model}}-{{budget}}.json",
+        L.capacity(),
     params:
         job=lambda w: job_params(w.model),
         budget=lambda w: None if w.budget == "whole" else float(w.budget.removesuffix("gb")),

@@ -1,54 +1,40 @@
-# Helpers shared by all stages (config checks, run naming, target lists).
+# Helpers shared by all stages (config checks, the runs each experiment plans, target lists). Paths come
+# from slmserve.layout (L); the experiments and figures are its EXPERIMENTS and FIGURES.
 
 from pathlib import Path
 
-from slmserve.config import check, parse_rate, rate_label
-from slmserve.figures import FIGURE_INPUTS
+from slmserve.config import check, parse_rate
+from slmserve.layout import EXPERIMENTS, FIGURE_EXTS, FIGURES, WILDCARDS, Layout
 
 check(config, Path(workflow.basedir))
 
-OUT = config["outdir"]
-FIG = config["figdir"]
+L = Layout(config["outdir"], config["figdir"])
 PROFILE = config["profile"]
 LOGS = f"logs/{PROFILE}"
 WL = config["workload"]
 EXP = config["experiments"]
 SWEEP = EXP["sweep"]
-RUN = f"{OUT}/runs/{{model}}/tp{{tp}}-out{{out}}-rate{{rate}}"
-# The same with its wildcards escaped, for expand() over batch sizes in output: lists.
-RUN_PATTERN = RUN.replace("{", "{{").replace("}", "}}")
-# Wildcard values: a model key of the config (dots escaped), GPU count, output length, rate, batch.
-MODEL_RE = "|".join(k.replace(".", r"\.") for k in config["models"])
-BUDGET = EXP["table1"]["budget_gb"]
-PROMPTS = f"{OUT}/data/prompts-in{WL['input_len']}-n{WL['num_requests']}.parquet"
 OUTLEN = EXP["output_lengths"]
-POINTS = f"{OUT}/points/{{model}}/tp1-out{{out}}-rate{{rate}}"
-# Which summary each figure is drawn from, in the paper's order (Figure 1 ... 8, then beyond the paper).
-FIGURE_SOURCES = FIGURE_INPUTS
-
-
-def run_dir(model, tp, out=None, rate=None):
-    out = WL["output_len"] if out is None else out
-    rate = parse_rate(WL["arrival_rate"] if rate is None else rate)
-    return RUN.format(model=model, tp=tp, out=out, rate=rate_label(rate))
+BUDGET = EXP["table1"]["budget_gb"]
+PROMPTS = L.path("prompts", input_len=WL["input_len"], num_requests=WL["num_requests"])
+# The model wildcard takes a model key of the config (dots escaped).
+MODEL_RE = "|".join(k.replace(".", r"\.") for k in config["models"])
 
 
 def run_files(model, tp, batch_sizes, out=None, rate=None):
-    """Requests parquet of each batch size of one sweep job."""
-    return [f"{run_dir(model, tp, out, rate)}/bs{bs}.requests.parquet" for bs in batch_sizes]
+    """Requests parquet of each batch size of one sweep job (the workload's output length and rate by default)."""
+    out = WL["output_len"] if out is None else out
+    rate = parse_rate(WL["arrival_rate"] if rate is None else rate)
+    return [L.path("run", model=model, tp=tp, out=out, rate=rate, bs=bs) for bs in batch_sizes]
 
 
-def point_stems(model):
-    """Each (output length, arrival rate) point of one model (Figure 2 right), without suffix."""
+def points(kind="point", model="{model}"):
+    """Each (output length, arrival rate) point of one model (Figure 2 right): its requests or telemetry."""
     return [
-        POINTS.format(model=model, out=out, rate=rate_label(parse_rate(rate)))
+        L.path(kind, model=model, tp=1, out=out, rate=parse_rate(rate))
         for out in OUTLEN["output_lens"]
         for rate in OUTLEN["arrival_rates"]
     ]
-
-
-def point_files(model):
-    return [f"{stem}.requests.parquet" for stem in point_stems(model)]
 
 
 def experiment_runs(experiment):
@@ -58,10 +44,10 @@ def experiment_runs(experiment):
     if experiment == "families":
         return [f for m in EXP["families"]["models"] for f in run_files(m, 1, SWEEP["batch_sizes"])]
     if experiment == "output_lengths":
-        return point_files(OUTLEN["model"])
+        return points(model=OUTLEN["model"])
     if experiment == "replication":
         rep = EXP["replication"]
-        return [f"{OUT}/replication/{m}_r{n}.parquet" for m in rep["models"] for n in rep["replicas"]]
+        return [L.path("replication", model=m, n=n) for m in rep["models"] for n in rep["replicas"]]
     raise ValueError(f"unknown experiment {experiment!r}")
 
 
@@ -80,15 +66,15 @@ def prompts_unless_done(results):
 
 def experiments():
     """Experiments with at least one run in this configuration."""
-    return [e for e in ("sweep", "families", "output_lengths", "replication") if experiment_runs(e)]
+    return [e for e in EXPERIMENTS if experiment_runs(e)]
 
 
 def figures():
-    return [name for name, source in FIGURE_SOURCES.items() if source in experiments()]
+    return [name for name, fig in FIGURES.items() if fig.source in experiments()]
 
 
 def capacity_files(budget):
-    return [f"{OUT}/capacity/{m}-{budget}.json" for m in EXP["table1"]["models"]]
+    return [L.capacity(m, budget) for m in EXP["table1"]["models"]]
 
 
 def job_params(model, tp=1, out=None, rate=None, batch_sizes=()):
@@ -114,6 +100,7 @@ def job_params(model, tp=1, out=None, rate=None, batch_sizes=()):
         "profile": PROFILE,
         # only when set: a new key would make Snakemake's params trigger re-run finished jobs
         **({"engine_args": list(entry["engine_args"])} if entry.get("engine_args") else {}),
+        **({"repeats": WL["repeats"], "repeat_budget_s": WL["repeat_budget_s"]} if WL["repeats"] > 1 else {}),
         **{k: eng[k] for k in ("batch_control", "memory_share", "memory_budget_gb", "max_model_len",
                                "dtype", "startup_timeout_s", "cpu_kv_cache_gb", "stream_interval", "fits")},
     }  # fmt: skip
@@ -123,30 +110,26 @@ def sweep_job(wildcards):
     return job_params(wildcards.model, wildcards.tp, wildcards.out, wildcards.rate, SWEEP["batch_sizes"])
 
 
-def figure_files(name):
-    return expand(f"{FIG}/{name}.{{ext}}", ext=["png", "svg", "html", "caption.md"])
-
-
 def all_targets():
     # The measured files are targets themselves: a summary re-plotted from an unfinished campaign
     # (replot=True) must not hide the runs still missing from a later measuring `snakemake all`.
     targets = [] if config["replot"] else planned_measurements()
-    targets += [f"{OUT}/summary/{e}.parquet" for e in experiments()]
-    targets += [f for name in figures() for f in figure_files(name)]
+    targets += [L.path("summary", experiment=e) for e in experiments()]
+    targets += [f for name in figures() for f in L.figure_files(name)]
     if EXP["table1"]["models"]:
-        targets += [f"{FIG}/table1.csv", f"{FIG}/table1.md"]
+        targets += L.table1_files()
     return targets
 
 
 def demo_targets():
     """make demo: the sweep, its summary and Figure 1 (a few minutes on 2 CPU cores)."""
-    return [f"{OUT}/summary/sweep.parquet", *figure_files("throughput_latency")]
+    return [L.path("summary", experiment="sweep"), *L.figure_files("throughput_latency")]
 
 
 def planned_measurements():
     """Every measured file the targets need (runs, replication runs, capacity probes)."""
     files = [f for e in experiments() for f in experiment_runs(e)]
-    files += capacity_files("whole") + (capacity_files(f"{BUDGET:g}gb") if BUDGET else [])
+    files += capacity_files("whole") + (capacity_files(BUDGET) if BUDGET else [])
     return list(dict.fromkeys(files))  # a family model may also be a sweep model
 
 
@@ -161,7 +144,7 @@ def check_replot():
     missing = missing_measurements(planned)
     if planned and len(missing) == len(planned):
         raise WorkflowError(
-            f"replot: none of the {len(planned)} measured results of this configuration is under {OUT}/ "
+            f"replot: none of the {len(planned)} measured results of this configuration is under {L.outdir}/ "
             f"(e.g. {missing[0]}): nothing to plot. Set outdir (and the configfile) to where the results are, "
             "or run the measurements first."
         )

@@ -3,7 +3,7 @@
 
 rule prepare_dataset:
     output:
-        f"{OUT}/data/prompts-in{{input_len}}-n{{num_requests}}.parquet",
+        L.path("prompts"),
     params:
         dataset=config["dataset"],
         workload=lambda w: {"input_len": int(w.input_len), "num_requests": int(w.num_requests)},

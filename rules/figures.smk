@@ -1,22 +1,22 @@
-# Figures (altair; PNG and SVG through vl-convert, self-contained HTML, a caption file each), one rule
-# per figure of slmserve.figures.FIGURES, drawn from the summary named in FIGURE_SOURCES.
+# Figures (altair; PNG and SVG through vl-convert, self-contained HTML, a caption file each): one rule per
+# figure of slmserve.layout.FIGURES, drawn from the summary it names.
 
-for _name, _source in FIGURE_SOURCES.items():
+for _fig in FIGURES.values():
 
     rule:
         name:
-            f"figure_{_name}"
+            f"figure_{_fig.name}"
         localrule: True
         input:
-            summary=f"{OUT}/summary/{_source}.parquet",
+            summary=L.path("summary", experiment=_fig.source),
         output:
             report(
-                multiext(f"{FIG}/{_name}", ".png", ".svg", ".html", ".caption.md"),
-                caption=f"../report/{_name}.rst",
+                multiext(L.figure_stem(_fig.name), *FIGURE_EXTS),
+                caption=f"../{_fig.caption_rst}",
                 category="Figures",
             ),
         log:
-            f"{LOGS}/figures/{_name}.log",
+            f"{LOGS}/figures/{_fig.name}.log",
         conda:
             "../envs/figures.yaml"
         script:

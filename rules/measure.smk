@@ -2,20 +2,16 @@
 # vLLM server(s). Inputs it only reads at start (prompts, capacity) are ancient(): a checkout's file
 # times never make finished measurements look stale; a finished job does not even list the prompts,
 # so rebuilding them (a fresh clone) re-runs nothing (prompts_unless_done).
-# Naming: <outdir>/runs/{model}/tp{tp}-out{output_len}-rate{req/s|inf}/bs{batch}.{requests,telemetry}.parquet
+# File names: slmserve.layout.TEMPLATES.
 
 
 rule sweep:
     # One model on `tp` GPUs, every batch size (Figures 1, 3, 4, 8; families of Figure 2 left).
     input:
-        prompts=ancient(
-            lambda w: prompts_unless_done(
-                [f"{RUN.format(**w)}/bs{bs}.requests.parquet" for bs in SWEEP["batch_sizes"]]
-            )
-        ),
+        prompts=ancient(lambda w: prompts_unless_done(expand(L.path("run", **w), bs=SWEEP["batch_sizes"]))),
     output:
-        requests=expand(f"{RUN_PATTERN}/bs{{bs}}.requests.parquet", bs=SWEEP["batch_sizes"]),
-        telemetry=expand(f"{RUN_PATTERN}/bs{{bs}}.telemetry.parquet", bs=SWEEP["batch_sizes"]),
+        requests=expand(L.path("run"), bs=SWEEP["batch_sizes"], allow_missing=True),
+        telemetry=expand(L.path("run_telemetry"), bs=SWEEP["batch_sizes"], allow_missing=True),
     params:
         job=sweep_job,
         prompts=PROMPTS,
@@ -33,11 +29,11 @@ rule output_lengths:
     # Figure 2 right: one model at its one-GPU maximum batch, every output length x arrival rate, on one
     # server (same server configuration for all points).
     input:
-        prompts=ancient(lambda w: prompts_unless_done(point_files(w.model))),
-        capacity=ancient(f"{OUT}/capacity/{{model}}-whole.json"),
+        prompts=ancient(lambda w: prompts_unless_done(points(model=w.model))),
+        capacity=ancient(L.capacity(budget="whole")),
     output:
-        requests=[f"{stem}.requests.parquet" for stem in point_stems("{model}")],
-        telemetry=[f"{stem}.telemetry.parquet" for stem in point_stems("{model}")],
+        requests=points(),
+        telemetry=points("point_telemetry"),
     params:
         job=lambda w: job_params(w.model),
         prompts=PROMPTS,
@@ -55,11 +51,11 @@ rule output_lengths:
 rule replication:
     # Figures 5-7: n replicas on one GPU, memory and requests split evenly, batch = one-GPU max / n.
     input:
-        prompts=ancient(lambda w: prompts_unless_done([f"{OUT}/replication/{w.model}_r{w.n}.parquet"])),
-        capacity=ancient(f"{OUT}/capacity/{{model}}-whole.json"),
+        prompts=ancient(lambda w: prompts_unless_done([L.path("replication", **w)])),
+        capacity=ancient(L.capacity(budget="whole")),
     output:
-        requests=f"{OUT}/replication/{{model}}_r{{n}}.parquet",
-        telemetry=f"{OUT}/replication/{{model}}_r{{n}}.telemetry.parquet",
+        requests=L.path("replication"),
+        telemetry=L.path("replication_telemetry"),
     params:
         job=lambda w: job_params(w.model),
         prompts=PROMPTS,

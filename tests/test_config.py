@@ -14,6 +14,7 @@ import yaml
 from snakemake.utils import validate
 
 from slmserve.config import ConfigError, check, parse_rate, rate_label
+from slmserve.layout import EXPERIMENTS, FIGURES
 from tests.conftest import ROOT, snakemake
 
 SCHEMA = str(ROOT / "config/schemas/config.schema.yaml")
@@ -139,7 +140,8 @@ def test_dry_run_smoke_dag(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     counts = _job_counts(out.stdout)
     figs = {k: v for k, v in counts.items() if k.startswith("figure_")}
-    assert len(figs) == 12 and set(figs.values()) == {1}
+    assert set(figs) == {f"figure_{name}" for name in FIGURES} and set(figs.values()) == {1}
+    assert counts["summarize"] == len(EXPERIMENTS)  # one summary per experiment of the registry
     rest = {k: v for k, v in counts.items() if not k.startswith("figure_")}
     assert rest == {"prepare_dataset": 1, "kv_probe": 1, "sweep": 1, "output_lengths": 1, "replication": 2,
                     "summarize": 4, "table1": 1, "all": 1, "total": 24}  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,7 +104,7 @@ def test_smoke_dag_end_to_end(tmp_path: Path) -> None:
     expect = req.height / (req["end_s"].max() - req["sent_s"].min())
     assert summary["throughput_rps"][-1] == pytest.approx(expect)
 
-    from slmserve.figures import FIGURES
+    from slmserve.layout import FIGURES
 
     for name in FIGURES:
         for ext in ("png", "svg", "html", "caption.md"):
@@ -246,6 +247,43 @@ def test_sigterm_stops_server_group(tmp_path: Path, prompts: Path) -> None:
     assert "terminated by SIGTERM" in log.read_text()
     assert not list((tmp_path / "run").glob("*.parquet"))
     assert locks_free(tmp_path)
+
+
+def _in_service_peak(req: pl.DataFrame) -> int:
+    """The most requests between their first token and their end at any moment, as the client saw them."""
+    events = sorted([(t, 1) for t in req["first_token_s"]] + [(t, -1) for t in req["end_s"]], key=lambda e: e)
+    peak = cur = 0
+    for _, step in events:
+        cur += step
+        peak = max(peak, cur)
+    return peak
+
+
+def test_scheduler_caps_the_batch_on_one_server_with_interleaved_repeats(tmp_path: Path, prompts: Path) -> None:
+    """batch_control: scheduler on the real engine: one server start for the sweep; in every repeat the
+    server's running-request gauge (polled at 1 Hz) and the client's in-service count stay at or under b
+    although all requests are sent at once; repeats interleave across batch sizes."""
+    sizes = [1, 2, 4]
+    proc, log, spec = start_job(tmp_path, prompts, batch_sizes=sizes, batch_control="scheduler", repeats=2,
+                                num_requests=12, output_len=32)  # fmt: skip
+    assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    assert log.read_text().count("server up") == 1
+    starts = []
+    for b in sizes:
+        path = Path(spec["out"]) / f"bs{b}.requests.parquet"
+        meta, req = io.read_meta(path), pl.read_parquet(path)
+        assert meta["status"] == "ok" and meta["run"]["batch_control"] == "scheduler"
+        assert [r["repeat"] for r in meta["repeats"]] == [0, 1] and req["repeat"].unique().sort().to_list() == [0, 1]
+        for rep in meta["repeats"]:
+            engine = rep["engine"][0]
+            assert engine["gauge_samples"] >= 1 and engine["running_max"] <= b, (b, engine)
+            assert rep["loads"][0]["peak_inflight"] == 12  # the client sent everything at once
+            assert _in_service_peak(req.filter(pl.col("repeat") == rep["repeat"])) <= b
+            starts.append((rep["t0_mono"], b, rep["repeat"]))
+    assert [(b, r) for _, b, r in sorted(starts)] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]
+    server_log = (Path(spec["out"]) / "logs/server-all.log").read_text()
+    assert "--scheduler-cls slmserve.vllm_scheduler." in server_log
+    assert [int(m) for m in re.findall(r"slmserve batch cap (\d+)", server_log)][:3] == [1, 2, 4]
 
 
 # --- the families of Figure 2 (left): their architectures through the real engine -------------------

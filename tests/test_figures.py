@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from slmserve import figures
+from slmserve.layout import FIGURES
 
 GPU = "NVIDIA H100 80GB HBM3"
 INF = math.inf
@@ -127,37 +128,10 @@ def cpu_sweep() -> pl.DataFrame:
     return frame([run("opt125m", b, out=16, gpu="CPU: Intel Xeon") for b in (1, 2, 4, 8)])
 
 
-@pytest.fixture
-def table() -> pl.DataFrame:
-    rows = [
-        ("opt125m", "125M", 0.25, 512, 512, 512, 512, 400000, 900000),
-        ("opt1.3b", "1.3B", 2.6, 256, 512, 256, 512, 110000, 230000),
-        ("opt2.7b", "2.7B", 5.4, 128, 256, 128, 256, 60000, 140000),
-        ("opt6.7b", "6.7B", 13.4, 64, 64, 64, 128, 45000, 120000),
-        ("opt13b", "13B", 26.0, 16, 16, None, 64, 12000, 60000),
-    ]
-    cols = ["model", "params", "weights_gb", "paper_max_batch", "analytic_max_batch", "measured_max_batch_budget",
-            "measured_max_batch_whole", "kv_tokens_budget", "kv_tokens_whole"]  # fmt: skip
-    df = pl.DataFrame(rows, schema=cols, orient="row")
-    return df.with_columns(budget_gb=pl.lit(36.0), gpu_model=pl.lit(GPU), engine=pl.lit("vllm"),
-                           engine_version=pl.lit("0.26.0"))  # fmt: skip
-
-
 def all_figures(sweep, families_summary, outlen_summary, replication) -> dict[str, tuple[Any, str]]:
     inputs = {"sweep": sweep, "families": families_summary, "output_lengths": outlen_summary,
               "replication": replication}  # fmt: skip
-    return {name: fn(inputs[figures.FIGURE_INPUTS[name]]) for name, fn in figures.FIGURES.items()}
-
-
-def test_registry() -> None:
-    assert set(figures.FIGURES) == set(figures.FIGURE_INPUTS) == {
-        "throughput_latency", "families", "output_lengths", "sm_metrics", "power", "replication_tradeoff",
-        "replication_gpu_util", "replication_power", "util_throughput", "dram_bandwidth", "energy_per_token",
-        "energy_per_token_replicas",
-    }  # fmt: skip
-    root = Path(__file__).resolve().parents[1]
-    for name in figures.FIGURES:
-        assert (root / "report" / f"{name}.rst").read_text().strip(), name
+    return {name: fig.draw(inputs[fig.source]) for name, fig in FIGURES.items()}
 
 
 def test_display_names() -> None:
@@ -290,7 +264,7 @@ def test_replication_tradeoff(replication: pl.DataFrame) -> None:
      ("energy_per_token_replicas", "energy_per_token_j")],
 )  # fmt: skip
 def test_replication_bars(replication: pl.DataFrame, name: str, field: str) -> None:
-    chart, cap = figures.FIGURES[name](replication)
+    chart, cap = FIGURES[name].draw(replication)
     enc = chart.to_dict()["layer"][0]["encoding"]
     assert enc["x"]["field"] == "model" and enc["y"]["field"] == field
     assert enc["xOffset"]["field"] == "replicas" and enc["color"]["field"] == "replicas"
@@ -303,7 +277,7 @@ def test_replication_bars(replication: pl.DataFrame, name: str, field: str) -> N
 
 def test_cpu_runs_have_no_telemetry_and_still_render(cpu_sweep: pl.DataFrame, tmp_path: Path) -> None:
     for name in ("sm_metrics", "power", "dram_bandwidth", "energy_per_token", "util_throughput"):
-        chart, cap = figures.FIGURES[name](cpu_sweep)
+        chart, cap = FIGURES[name].draw(cpu_sweep)
         assert "no GPU telemetry (CPU engine)" in cap, name
         data = dataset(chart)
         if name == "util_throughput":  # the throughput panel still has its points
@@ -311,7 +285,7 @@ def test_cpu_runs_have_no_telemetry_and_still_render(cpu_sweep: pl.DataFrame, tm
         else:
             assert data.height == 0
     for name in ("power", "sm_metrics"):  # empty plots (log2 axis, no points) still render
-        chart, cap = figures.FIGURES[name](cpu_sweep)
+        chart, cap = FIGURES[name].draw(cpu_sweep)
         png = figures.save(chart, cap, tmp_path / f"cpu_{name}")[0]
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -326,23 +300,3 @@ def test_every_figure_saves_and_is_json_safe(
         out = figures.save(chart, cap, tmp_path / name)
         assert out[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert out[3].read_text() == cap
-
-
-def test_table1(table: pl.DataFrame) -> None:
-    md = figures.table1_markdown(table, rule_note="A batch fits when all its requests run at once.")
-    lines = md.splitlines()
-    assert lines[0] == (
-        "| Model | Parameters | fp16 weights | paper (A100 40 GB) | analytic (36 GB) | measured (36 GB emulated) "
-        "| measured (whole GPU) |"
-    )
-    assert "| OPT-125M | 125M | 250 MB | 512 | 512 | 512 | 512 |" in lines
-    assert "| OPT-1.3B | 1.3B | 2.6 GB | 256 | 512 | 256 | 512 |" in lines
-    assert "| OPT-13B | 13B | 26.0 GB | 16 | 16 | – | 64 |" in lines
-    assert [ln.split(" | ")[0] for ln in lines[2:7]] == ["| OPT-125M", "| OPT-1.3B", "| OPT-2.7B", "| OPT-6.7B",
-                                                          "| OPT-13B"]  # fmt: skip
-    assert GPU in md and "vllm 0.26.0" in md and "36 GB" in md
-    assert md.rstrip().endswith("A batch fits when all its requests run at once.")
-    assert figures.RULE_NOTE_PLACEHOLDER in figures.table1_markdown(table)
-    csv = pl.read_csv(figures.table1_csv(table).encode())
-    assert csv.columns[3] == "paper (A100 40 GB)"
-    assert csv.filter(pl.col("Model") == "OPT-1.3B")["paper (A100 40 GB)"].to_list() == [256]

@@ -102,3 +102,15 @@ def test_a_second_job_refuses_a_target_a_live_job_measures(tmp_path: Path) -> No
     with jobguard.target_lock(target, "third"):  # a dead holder's lock is free (the kernel released it)
         assert jobguard.lock_path(target).exists()
     assert not jobguard.lock_path(target).exists()
+
+
+def test_a_job_started_without_snakemake_is_not_stopped_when_its_parent_exits(tmp_path: Path) -> None:
+    """A benchmark detached on purpose (its launcher exits) keeps measuring: only Snakemake is watched."""
+    target = tmp_path / "bs1.requests.parquet"
+    launcher = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], "
+                "start_new_session=True)")  # fmt: skip
+    job = ("import sys, time; from slmserve.jobguard import guard\n"
+           "with guard([sys.argv[1]], 'detached'):\n"
+           "    time.sleep(3 * 2.0 + 2)\n    open(sys.argv[1], 'w').write('done')")  # fmt: skip
+    subprocess.run([sys.executable, "-c", launcher, job, str(target)], check=True, timeout=30)
+    assert _wait(target.exists, 30), "the detached job was stopped when its launcher exited"

@@ -1,35 +1,27 @@
-"""The telemetry merge: one summary row per measured run.
+"""The telemetry merge: one summary row per repeat of a point (:func:`summarize_repeats`), one per point
+(:func:`points`: means, n and 95% CIs), and a ``not_measured`` row per planned run without a result file
+(:func:`with_not_measured`).
 
-For each run the telemetry is cut to the measurement window (first send to last end, on the same
-monotonic clock as the requests) and reduced by :func:`slmserve.telemetry.summarize`; the request
-metrics follow the paper's definitions: throughput = requests completed per second of the window,
-latency = mean end-to-end time from each request's scheduled arrival.
+Request metrics are defined in :func:`request_metrics`; GPU metrics are the telemetry reduced over the
+same window by :func:`slmserve.telemetry.summarize`; energy per token in :func:`energy_metrics`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from slmserve import io, measure, provenance, stats, telemetry
+from slmserve import io, layout, measure, provenance, stats, telemetry
+from slmserve.layout import telemetry_path
 
 # A run whose load generator used more than this share of one core may have been client-bound.
 CLIENT_CPU_LIMIT = 0.9
 # Status of a planned run that has no result file (re-plotting a campaign that is not finished).
 NOT_MEASURED = "not_measured"
-_PLANNED = (  # result paths of the workflow's measuring rules (rules/common.smk)
-    re.compile(r"(?:^|/)runs/(?P<model>[^/]+)/tp(?P<tp>\d+)-out(?P<output_len>\d+)-rate(?P<rate>[^/]+)/"
-               r"bs(?P<batch_size>\d+)\.requests\.parquet$"),
-    re.compile(r"(?:^|/)points/(?P<model>[^/]+)/tp(?P<tp>\d+)-out(?P<output_len>\d+)-rate(?P<rate>[^/]+)"
-               r"\.requests\.parquet$"),
-    re.compile(r"(?:^|/)replication/(?P<model>[^/]+)_r(?P<replicas>\d+)\.parquet$"),
-)  # fmt: skip
 _SORT = ("model", "tp", "output_len", "arrival_rate", "batch_size", "replicas")
 # What a measured run adds to its summary row: a summary in which no run was measured (all infeasible,
 # unsupported or not measured yet) lacks these columns. Telemetry and request metrics of every experiment,
@@ -63,14 +55,6 @@ def complete(summary: pl.DataFrame) -> pl.DataFrame:
     return summary.with_columns(missing) if missing and summary.width else summary
 
 
-def telemetry_path(requests_path: str | os.PathLike[str]) -> Path:
-    """The telemetry parquet beside a requests parquet: ``x.requests.parquet`` -> ``x.telemetry.parquet``,
-    ``x.parquet`` -> ``x.telemetry.parquet``."""
-    p = Path(requests_path)
-    stem = p.name.removesuffix(".parquet").removesuffix(".requests")
-    return p.with_name(f"{stem}.telemetry.parquet")
-
-
 def _q(s: pl.Series, q: float) -> float | None:
     return None if s.is_empty() else float(s.quantile(q, interpolation="linear"))
 
@@ -81,7 +65,17 @@ def _mean(s: pl.Series) -> float | None:
 
 
 def request_metrics(req: pl.DataFrame) -> dict[str, Any]:
-    """Throughput, latency, TTFT and TPOT of one run's requests (status ok only)."""
+    """Request metrics of one run, over the requests with status ok; the window runs from the first send
+    to the last end (``window_start_s``, ``window_end_s``, ``duration_s`` = end - start), on the clock
+    of the telemetry:
+
+    - ``throughput_rps`` = completed requests / duration (the paper's throughput)
+    - ``output_tok_s`` = completion tokens / duration
+    - ``latency_*``: mean, p50, p99 of ``end - scheduled arrival`` (the paper's latency is the mean)
+    - ``ttft_*``: of ``first token - scheduled arrival``; ``tpot_mean_s``: mean of
+      ``(end - first token) / (completion tokens - 1)`` (columns of :func:`slmserve.loadgen.to_frame`)
+
+    Quantiles are linear; a duration of 0 gives null rates."""
     ok = req.filter(pl.col("status") == "ok")
     if ok.is_empty():
         return {"n_ok": 0, "n_error": req.height, "duration_s": None, "throughput_rps": None}
@@ -215,7 +209,7 @@ def summarize_runs(paths: Iterable[str | os.PathLike[str]], models: Mapping[str,
 # Metrics reported with their spread over repeats: ``<m>`` is the mean, ``<m>_sd``, ``<m>_ci_lo`` and
 # ``<m>_ci_hi`` the sample SD and the 95% CI (:mod:`slmserve.stats`); ``n_repeats`` counts the repeats.
 CI_METRICS = (
-    "throughput_rps", "output_tok_s", "system_throughput_rps", "latency_mean_s", "latency_p50_s", "latency_p99_s",
+    "throughput_rps", "output_tok_s", "throughput_sum_rps", "latency_mean_s", "latency_p50_s", "latency_p99_s",
     "ttft_mean_s", "tpot_mean_s", "power_w_mean", "energy_per_token_j",
 )  # fmt: skip
 _WORST_LOW = ("n_ok", "peak_inflight", "n_samples")  # per-repeat counts: the point reports the smallest
@@ -259,19 +253,20 @@ def planned_row(path: str | os.PathLike[str], models: Mapping[str, Any] | None =
     """The summary row of a planned run without a result file, its keys read from the path (status
     ``not_measured``): captions count and name it, figures leave it out."""
     text = str(path)
-    for pattern in _PLANNED:
-        if m := pattern.search(text):
-            break
-    else:
+    try:
+        kind, key = layout.parse(text)
+    except ValueError:
+        kind, key = None, {}
+    if kind not in layout.MEASURED:
         raise ValueError(f"{text}: not a result path of the workflow (runs/, points/ or replication/)")
-    key = m.groupdict()
     entry = (models or {}).get(key["model"], {})
     row: dict[str, Any] = {"model": key["model"], "family": entry.get("family"), "params": entry.get("params")}
-    # the key columns of the experiment's rows; a point's batch comes from a capacity probe, not its path
-    keys = ("replicas", "batch_per_replica") if "replicas" in key else ("tp", "output_len", "batch_size")
-    for col in keys:
-        row[col] = int(key[col]) if key.get(col) is not None else None
-    if key.get("rate") is not None:
+    # a replica's and a point's batch come from a capacity probe, not from the path: null
+    if kind == "replication":
+        row.update(replicas=int(key["n"]), batch_per_replica=None)
+    else:
+        bs = key.get("bs")
+        row.update(tp=int(key["tp"]), output_len=int(key["out"]), batch_size=int(bs) if bs is not None else None)
         row["arrival_rate"] = math.inf if key["rate"] == "inf" else float(key["rate"])
     row.update(status=NOT_MEASURED, reason="not measured yet: no result file", path=text)
     return row

@@ -6,13 +6,13 @@ Its values (512/256/128/64/16 for OPT-125M to 13B) follow when a batch *fits* as
 request's prompt (``input_len`` tokens) must be resident in the KV cache, next to the fp16 weights.
 Output tokens are allocated on demand as they are generated; when they run out vLLM preempts, which the
 runs record (``vllm:num_preemptions_total``). The stricter rule -- whole requests, prompt plus every
-output token, resident at once -- is reported beside it.
+output token, resident at once -- is reported beside it. The table itself is :mod:`slmserve.table1`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,67 +90,3 @@ def blocks_rounded(tokens: int, block_size: int | None) -> int:
     if not block_size:
         return tokens
     return -(-tokens // block_size) * block_size
-
-
-RULE_NOTE = (
-    "A batch fits when every request's prompt ({input_len} tokens) is resident in the KV cache beside the "
-    "fp16 weights (vLLM's rule for admitting a request; output blocks are allocated as tokens are "
-    "generated, and runs record vLLM's preemptions). Powers of two, capped at 512."
-)
-
-
-def _profiles(*probes: Mapping[str, Any]) -> str | None:
-    """The configuration profiles the probes ran in: a probe does not depend on the workload, so one
-    profile's probes may stand in another's Table 1 (its note says so)."""
-    found = {str(p["provenance"]["config"].get("profile")) for p in probes if "config" in (p.get("provenance") or {})}
-    return ", ".join(sorted(found)) or None
-
-
-def table1_frame(
-    whole: list[str],
-    budget: list[str],
-    models: Mapping[str, Any],
-    budget_gb: float | None,
-    workload: Mapping[str, Any],
-    planned: Sequence[str] = (),
-) -> Any:
-    """Table 1 from the capacity probes (``capacity/{model}-{whole,<budget>gb}.json``); a model of
-    ``planned`` without probes gets a row with the paper's and the analytic values and no measured ones."""
-    import polars as pl
-
-    def by_model(paths: list[str]) -> dict[str, dict[str, Any]]:
-        probes = [json.loads(Path(p).read_text()) for p in paths]
-        return {probe["model"]: probe for probe in probes}
-
-    probes_whole, probes_budget = by_model(whole), by_model(budget)
-    rows = []
-    for model in dict.fromkeys([*planned, *probes_whole, *probes_budget]):
-        probe = probes_whole.get(model, {})
-        cfg = load_config(models[model].get("config"))
-        analytic = {}
-        if budget_gb:
-            analytic = analytic_max_batch(cfg, budget_gb, workload["input_len"], workload["output_len"])
-        bud = probes_budget.get(model, {})
-        prov = probe.get("provenance") or bud.get("provenance") or {}
-        rows.append(
-            {
-                "model": model,
-                "params": models[model].get("params"),
-                "weights_gb": round(weight_bytes(cfg) / 1e9, 2),
-                "paper_max_batch": PAPER_TABLE1.get(model),
-                "analytic_max_batch": analytic.get("admission"),
-                "analytic_max_batch_no_preemption": analytic.get("no_preemption"),
-                "measured_max_batch_budget": bud.get("max_batch_admission"),
-                "measured_max_batch_whole": probe.get("max_batch_admission"),
-                "kv_tokens_budget": bud.get("kv_cache_tokens"),
-                "kv_tokens_whole": probe.get("kv_cache_tokens"),
-                "budget_gb": budget_gb,
-                "gpu_model": (", ".join(prov.get("gpu_models") or []) or f"CPU: {prov.get('cpu_model')}")
-                if prov
-                else None,
-                "engine": prov.get("engine"),
-                "engine_version": prov.get("engine_version"),
-                "probe_profile": _profiles(probe, bud),
-            }
-        )
-    return pl.DataFrame(rows, infer_schema_length=None)

@@ -1,8 +1,8 @@
 """Figures: altair charts from summary parquets, with one shared theme and caption.
 
 Every figure function takes a summary frame and returns ``(chart, caption)``; :func:`save` writes PNG
-and SVG (vl-convert), a self-contained HTML and the caption as Markdown. :data:`FIGURES` maps a figure's
-name (the ``figure_<name>`` rule) to its function, :data:`FIGURE_INPUTS` to the summary it reads.
+and SVG (vl-convert), a self-contained HTML and the caption as Markdown. Which functions are figures, and
+the summary each reads, is :data:`slmserve.layout.FIGURES`. :func:`caption` is shared by all figures.
 
 Three chart shapes are shared by the paper's figures: a throughput/latency trade-off (:func:`_tradeoff`,
 Figures 1, 2 and 5), lines against a log2 batch-size axis (:func:`_batch_lines`, Figures 3 and 8), and
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import polars as pl
 
 from slmserve import io
 from slmserve.analysis import NOT_MEASURED, complete
+from slmserve.config import rate_label
 
 PAPER = "the paper (vLLM 0.1.7, A100 40 GB, real OPT weights)"
 NOT_MEASURED_NOTE = "not measured yet (no result file)"
@@ -32,7 +33,6 @@ NOT_MEASURED_NOTE = "not measured yet (no result file)"
 FAMILY_NAMES = {"opt": "OPT", "llama": "LLaMA", "mpt": "MPT", "gptj": "GPT-J", "gpt-j": "GPT-J"}
 PAPER_FAMILIES = ("OPT", "LLaMA", "MPT", "GPT-J")
 TELEMETRY_SOURCE = "GPU metrics: NVML, sampled every 100 ms over each run's measurement window (the paper: DCGM)"
-RULE_NOTE_PLACEHOLDER = "[Rule for 'fits': to be stated by the caller.]"
 
 
 def theme() -> dict:
@@ -70,7 +70,7 @@ def display_name(model: str, family: str | None = None, params: str | None = Non
     return model
 
 
-def _names(df: pl.DataFrame) -> dict[str, tuple[str, float]]:
+def model_names(df: pl.DataFrame) -> dict[str, tuple[str, float]]:
     """Config model key -> (display name, parameter count)."""
     if "model" not in df.columns:
         return {}
@@ -86,7 +86,7 @@ def _names(df: pl.DataFrame) -> dict[str, tuple[str, float]]:
 
 def _named(df: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     """``df`` with ``model`` replaced by the display name, and the names ordered by model size."""
-    names = _names(df)
+    names = model_names(df)
     if not names:
         return df, []
     order = [name for name, _ in sorted(set(names.values()), key=lambda t: (t[1], t[0]))]
@@ -153,13 +153,14 @@ def _largest_batch(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
 
 
 def _rate_label(rate: float | None) -> str:
-    return "inf" if rate is None or math.isinf(rate) else f"{rate:g}"
+    return rate_label(math.inf if rate is None else rate)
 
 
 # --- caption --------------------------------------------------------------------------------------
 
 
-def _values(df: pl.DataFrame, col: str) -> list:
+def values(df: pl.DataFrame, col: str) -> list:
+    """The distinct non-null values of ``col``, sorted (none if the column is absent)."""
     return sorted(set(df[col].drop_nulls().to_list())) if col in df.columns else []
 
 
@@ -167,7 +168,7 @@ def _not_served(summary: pl.DataFrame) -> list[str]:
     """``<model>: not served: <reason>`` for each model with no measured run."""
     if "model" not in summary.columns or "status" not in summary.columns:
         return []
-    names = _names(summary)
+    names = model_names(summary)
     lines = []
     for key in sorted(names, key=lambda k: (names[k][1], names[k][0])):
         rows = summary.filter(pl.col("model") == key)
@@ -193,7 +194,7 @@ def _telemetry_note(summary: pl.DataFrame, cols: Sequence[str]) -> list[str]:
     if not cols:
         return []
     ok = ok_runs(summary)
-    cpu = bool(_values(summary, "gpu_model")) and all(g.startswith("CPU") for g in _values(summary, "gpu_model"))
+    cpu = bool(values(summary, "gpu_model")) and all(g.startswith("CPU") for g in values(summary, "gpu_model"))
     present = [c for c in cols if c in ok.columns and ok[c].is_not_null().any()]
     if not present:
         why = "CPU engine" if cpu else f"{', '.join(cols)} null in every run"
@@ -212,7 +213,7 @@ def _per_model(summary: pl.DataFrame, column: str) -> list[tuple[str, Any]]:
     """(model display name, value) for each model with a value in ``column`` (none if the column is absent)."""
     if column not in summary.columns:
         return []
-    names = _names(summary)
+    names = model_names(summary)
     rows = summary.filter(pl.col(column).is_not_null())
     return [
         (names.get(key, (key,))[0], value) for key, value in sorted(set(zip(rows["model"], rows[column], strict=True)))
@@ -220,69 +221,114 @@ def _per_model(summary: pl.DataFrame, column: str) -> list[tuple[str, Any]]:
 
 
 def caption(summary: pl.DataFrame, what: str, notes: list[str] | None = None, telemetry: Sequence[str] = ()) -> str:
-    """What was measured where: GPU, engine and version, request counts, workload, runs measured and
-    infeasible, models not served, GPU telemetry (``telemetry``: the plotted telemetry columns) and what
-    differs from the paper. Columns a frame lacks (the replication summary has no batch size, Table 1 no
-    request counts) are left out of the caption."""
-    cols = summary.columns
+    """``what`` in bold, then one item per part: hardware, engine, requests, workload, runs, batch notes,
+    folded prompt ids, engine arguments, models not served, GPU telemetry (``telemetry``: the plotted
+    telemetry columns), what differs from the paper, then ``notes``. A part whose columns the frame lacks
+    (the replication summary has no batch size) is left out."""
     ok = ok_runs(summary)
-    gpus = ", ".join(_values(summary, "gpu_model")) or "unknown"
-    lines = [f"**{what}**", "", f"- Hardware: {gpus}"]
-    if "engine" in cols:
-        version = summary["engine_version"] if "engine_version" in cols else pl.Series([None] * summary.height)
-        engines = sorted({f"{e} {v}" if v else e for e, v in zip(summary["engine"], version, strict=True) if e})
-        lines.append(
-            f"- Engine: {', '.join(engines) or 'unknown'}; dummy weights of the real shapes (`--load-format dummy`), "
-            "`ignore_eos`, temperature 0"
-        )
-    if "n_ok" in cols:
-        lines.append(f"- Requests per point: {', '.join(map(str, _values(ok, 'n_ok'))) or 'none'}")
+    parts = [
+        _hardware_line(summary), _engine_line(summary), _requests_line(summary, ok), _workload_line(summary),
+        _runs_line(summary, ok), _batch_notes(summary, ok), _folded_ids(summary), _engine_args(summary),
+        _not_served(summary), _telemetry_note(summary, telemetry),
+        _paper_difference(), notes or [],
+    ]  # fmt: skip
+    return "\n".join([f"**{what}**", "", *(f"- {item}" for part in parts for item in part)]) + "\n"
+
+
+def hardware(df: pl.DataFrame) -> str:
+    """The GPU models of the frame's runs (``CPU: <model>`` on the CPU engine)."""
+    return ", ".join(values(df, "gpu_model")) or "unknown"
+
+
+def engines(df: pl.DataFrame) -> list[str]:
+    """``<engine> <version>`` of the frame's runs, sorted."""
+    if "engine" not in df.columns:
+        return []
+    version = df["engine_version"] if "engine_version" in df.columns else pl.Series([None] * df.height)
+    return sorted({f"{e} {v}" if v else e for e, v in zip(df["engine"], version, strict=True) if e})
+
+
+def _hardware_line(summary: pl.DataFrame) -> list[str]:
+    return [f"Hardware: {hardware(summary)}"]
+
+
+def _engine_line(summary: pl.DataFrame) -> list[str]:
+    if "engine" not in summary.columns:
+        return []
+    return [
+        f"Engine: {', '.join(engines(summary)) or 'unknown'}; dummy weights of the real shapes "
+        "(`--load-format dummy`), `ignore_eos`, temperature 0"
+    ]
+
+
+def _requests_line(summary: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
+    if "n_ok" not in summary.columns:
+        return []
+    return [f"Requests per point: {', '.join(map(str, values(ok, 'n_ok'))) or 'none'}"]
+
+
+def _workload_line(summary: pl.DataFrame) -> list[str]:
+    cols = summary.columns
     workload = []
     if "input_len" in cols and "output_len" in cols:
-        workload.append(f"prompt/output tokens: {_values(summary, 'input_len')}/{_values(summary, 'output_len')}")
+        workload.append(f"prompt/output tokens: {values(summary, 'input_len')}/{values(summary, 'output_len')}")
     if "arrival_rate" in cols:
         rates = summary["arrival_rate"].cast(pl.Float64).drop_nulls().unique().sort(descending=True).to_list()
         workload.append(f"arrival rates (req/s): {', '.join(_rate_label(r) for r in rates)}")
     if "batch_size" in cols:
-        workload.append(f"batch sizes: {', '.join(map(str, _values(summary, 'batch_size')))}")
+        workload.append(f"batch sizes: {', '.join(map(str, values(summary, 'batch_size')))}")
     if "replicas" in cols:
-        workload.append(f"replicas: {', '.join(map(str, _values(summary, 'replicas')))}")
-    if workload:
-        lines.append(f"- Workload: {'; '.join(workload)}")
-    if "status" in cols:
-        infeasible = summary.filter(pl.col("status") == "infeasible").height
-        missing = summary.filter(pl.col("status") == NOT_MEASURED).height
-        unsupported = summary.filter(pl.col("status") == "unsupported").height
-        failed = summary.height - ok.height - infeasible - missing - unsupported
-        why = "batch does not fit the KV cache" if "batch_size" in cols else "does not fit the GPU memory"
-        runs = f"- Runs: {ok.height} measured, {infeasible} infeasible ({why})"
-        runs += f", {unsupported} not run: the engine does not serve the model" if unsupported else ""
-        runs += f", {failed} failed" if failed else ""
-        lines.append(runs + (f", {missing} planned but not measured yet (no result file)" if missing else ""))
-    if "batch_control" in cols and "client" in _values(summary, "batch_control"):
-        lines.append(
-            "- Batch held by a client-side concurrency limit on one server per model (batch_control: client), "
+        workload.append(f"replicas: {', '.join(map(str, values(summary, 'replicas')))}")
+    return [f"Workload: {'; '.join(workload)}"] if workload else []
+
+
+def _runs_line(summary: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
+    """Runs measured, infeasible, not served, failed and not measured yet."""
+    if "status" not in summary.columns:
+        return []
+    status = summary["status"]
+    infeasible, missing, unsupported = (int((status == s).sum()) for s in ("infeasible", NOT_MEASURED, "unsupported"))
+    failed = summary.height - ok.height - infeasible - missing - unsupported
+    why = "batch does not fit the KV cache" if "batch_size" in summary.columns else "does not fit the GPU memory"
+    runs = f"Runs: {ok.height} measured, {infeasible} infeasible ({why})"
+    runs += f", {unsupported} not run: the engine does not serve the model" if unsupported else ""
+    runs += f", {failed} failed" if failed else ""
+    return [runs + (f", {missing} planned but not measured yet (no result file)" if missing else "")]
+
+
+def _batch_notes(summary: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
+    """How the batch was held, and what fewer requests at small batches do to latency."""
+    notes = []
+    if "client" in values(summary, "batch_control"):
+        notes.append(
+            "Batch held by a client-side concurrency limit on one server per model (batch_control: client), "
             "not by restarting vLLM with --max-num-seqs = batch as the paper did; on an H100 this measured "
             "7-20% lower throughput at batch 8."
         )
-    if "n_ok" in cols and len(_values(ok, "n_ok")) > 1:
-        lines.append(
-            "- Small batches measured fewer requests (workload.rounds_per_batch), as listed above. With every "
+    if len(values(ok, "n_ok")) > 1:
+        notes.append(
+            "Small batches measured fewer requests (workload.rounds_per_batch), as listed above. With every "
             "request sent at once, mean latency includes the wait for a batch slot (about half of requests/batch "
             "rounds), so at those points it is lower than with the paper's 500 requests; throughput is not affected."
         )
-    lines += [
-        f"- {name}: prompt token ids (GPT-2 BPE) folded into its {int(vocab):,}-token vocabulary (id mod "
+    return notes
+
+
+def _folded_ids(summary: pl.DataFrame) -> list[str]:
+    return [
+        f"{name}: prompt token ids (GPT-2 BPE) folded into its {int(vocab):,}-token vocabulary (id mod "
         "vocabulary size); prompt lengths unchanged"
         for name, vocab in _per_model(summary, "prompt_ids_folded_into_vocab")
     ]
-    lines += [
-        f"- {name}: vLLM started with the extra arguments `{args}`" for name, args in _per_model(summary, "engine_args")
-    ]
-    lines += [f"- {n}" for n in _not_served(summary)]
-    lines += [f"- {n}" for n in _telemetry_note(summary, telemetry)]
-    lines.append(f"- Differs from {PAPER}: engine version, GPU, random weights.")
-    return "\n".join(lines + [f"- {n}" for n in (notes or [])]) + "\n"
+
+
+def _paper_difference() -> list[str]:
+    return [f"Differs from {PAPER}: engine version, GPU, random weights."]
+
+
+def _engine_args(summary: pl.DataFrame) -> list[str]:
+    pairs = _per_model(summary, "engine_args")
+    return [f"{name}: vLLM started with the extra arguments `{args}`" for name, args in pairs]
 
 
 # --- shared chart shapes --------------------------------------------------------------------------
@@ -620,7 +666,7 @@ def _replication_notes(summary: pl.DataFrame) -> list[str]:
         "split evenly; throughput = sum over replicas, latency = the largest replica mean (as in the paper).",
     ]
     if "batch_per_replica" in summary.columns:
-        names = _names(summary)
+        names = model_names(summary)
         per = ok_runs(summary).sort(
             pl.col("model").map_elements(lambda m: names[m][1], return_dtype=pl.Float64), pl.col("replicas")
         )
@@ -630,7 +676,7 @@ def _replication_notes(summary: pl.DataFrame) -> list[str]:
         notes.append(f"Batch per replica = the largest one-GPU batch / replicas ({batches or 'none'}).")
     if "status" in summary.columns:
         bad = summary.filter(pl.col("status") != "ok").sort(["model", "replicas"])
-        names = _names(summary)
+        names = model_names(summary)
         notes += [
             f"{names.get(r['model'], (r['model'],))[0]} × {r['replicas']} replicas: "
             + (
@@ -694,138 +740,7 @@ def energy_per_token_replicas(summary: pl.DataFrame) -> tuple[alt.LayerChart, st
     )  # fmt: skip
 
 
-# --- Table 1 --------------------------------------------------------------------------------------
-
-
-def _weights(gb: float | None) -> str:
-    if gb is None:
-        return "–"
-    return f"{gb * 1000:.0f} MB" if gb < 1 else f"{gb:.1f} GB"
-
-
-def _batch(value: float | None) -> str:
-    return "–" if value is None or (isinstance(value, float) and not math.isfinite(value)) else str(int(value))
-
-
-def _budget(df: pl.DataFrame) -> str:
-    budgets = _values(df, "budget_gb")
-    return "/".join(f"{b:g}" for b in budgets) + " GB" if budgets else "budget"
-
-
-def table1(df: pl.DataFrame) -> pl.DataFrame:
-    """Table 1 as strings: Model, Parameters, fp16 weights, the paper's maximum batch (A100 40 GB), the
-    analytic one for the memory budget, and the measured ones (budget emulated; whole GPU)."""
-    budget = _budget(df)
-    names = _names(df)
-    rows = []
-    for r in df.iter_rows(named=True):
-        get = r.get
-        rows.append(
-            {
-                "Model": names[r["model"]][0] if r["model"] in names else r["model"],
-                "Parameters": get("params") or "–",
-                "fp16 weights": _weights(get("weights_gb")),
-                "paper (A100 40 GB)": _batch(get("paper_max_batch")),
-                f"analytic ({budget})": _batch(get("analytic_max_batch")),
-                f"measured ({budget} emulated)": _batch(get("measured_max_batch_budget")),
-                "measured (whole GPU)": _batch(get("measured_max_batch_whole")),
-                "_size": names[r["model"]][1] if r["model"] in names else math.inf,
-            }
-        )
-    if not rows:
-        cols = ["Model", "Parameters", "fp16 weights", "paper (A100 40 GB)", f"analytic ({budget})",
-                f"measured ({budget} emulated)", "measured (whole GPU)"]  # fmt: skip
-        return pl.DataFrame(schema=dict.fromkeys(cols, pl.String))
-    return pl.DataFrame(rows).sort("_size", "Model", maintain_order=True).drop("_size")
-
-
-def table1_csv(df: pl.DataFrame) -> str:
-    return table1(df).write_csv()
-
-
-def table1_markdown(df: pl.DataFrame, rule_note: str = RULE_NOTE_PLACEHOLDER) -> str:
-    """Table 1 as a Markdown table and a note under it: GPU, engine, memory budget, KV-cache capacity and
-    ``rule_note`` (the caller's sentence on the rule used for "fits")."""
-    table = table1(df)
-    head = "| " + " | ".join(table.columns) + " |"
-    align = "|" + "|".join([":---", ":---"] + ["---:"] * (table.width - 2)) + "|"
-    body = ["| " + " | ".join(row) + " |" for row in table.iter_rows()]
-    gpus = ", ".join(_values(df, "gpu_model")) or "unknown"
-    engines = ""
-    if "engine" in df.columns:
-        version = df["engine_version"] if "engine_version" in df.columns else pl.Series([None] * df.height)
-        engines = ", ".join(sorted({f"{e} {v}" if v else e for e, v in zip(df["engine"], version, strict=True) if e}))
-    names = _names(df)
-    kv = "; ".join(
-        f"{names[r['model']][0]}: {_batch(r.get('kv_tokens_budget'))} / {_batch(r.get('kv_tokens_whole'))}"
-        for r in df.iter_rows(named=True)
-        if r.get("kv_tokens_budget") is not None or r.get("kv_tokens_whole") is not None
-    )
-    budget = _budget(df)
-    if budget == "budget":  # no budget configured (e.g. the CPU engine): those columns are empty
-        measured = "measured = the largest batch that fits vLLM's reported KV-cache capacity with the whole memory"
-    else:
-        measured = (
-            f"analytic = the paper's KV-cache formula for a {budget} budget; measured = the largest batch that fits "
-            f"vLLM's reported KV-cache capacity with the server limited to {budget} (emulating the A100's 36 GB), "
-            "and with the whole GPU (90%)"
-        )
-    note = (
-        "Maximum batch size (powers of two, capped at 512). Paper: its Table 1 (vLLM 0.1.7, A100 40 GB, 90% of the "
-        f"memory = 36 GB for vLLM). Here: {gpus}, {engines or 'unknown engine'}; {measured}."
-    )
-    lines = [head, align, *body, "", note]
-    if "measured_max_batch_whole" in df.columns:
-        todo = []
-        for r in df.iter_rows(named=True):
-            probes = [budget] if budget != "budget" and r.get("measured_max_batch_budget") is None else []
-            probes += ["whole GPU"] if r["measured_max_batch_whole"] is None else []
-            if probes:
-                todo.append(f"{names[r['model']][0]} ({', '.join(probes)})")
-        if todo:
-            lines.append(f"Not measured yet (no KV-cache probe result): {', '.join(todo)}.")
-    if "probe_profile" in df.columns and df["probe_profile"].drop_nulls().n_unique() > 1:
-        runs = df.filter(pl.col("probe_profile").is_not_null()).group_by("probe_profile", maintain_order=True)
-        where = "; ".join(f"{key[0]}: {', '.join(names[m][0] for m in rows['model'])}" for key, rows in runs)
-        lines.append(f"Probes measured in different configuration profiles (same server settings): {where}.")
-    if kv:
-        lines.append(f"KV-cache capacity in tokens ({budget} / whole GPU): {kv}.")
-    lines.append(rule_note)
-    return "\n".join(lines) + "\n"
-
-
-# --- registry and output --------------------------------------------------------------------------
-
-FIGURES: dict[str, Callable[[pl.DataFrame], tuple[alt.TopLevelMixin, str]]] = {
-    "throughput_latency": throughput_latency,
-    "families": families,
-    "output_lengths": output_lengths,
-    "sm_metrics": sm_metrics,
-    "power": power,
-    "replication_tradeoff": replication_tradeoff,
-    "replication_gpu_util": replication_gpu_util,
-    "replication_power": replication_power,
-    "util_throughput": util_throughput,
-    "dram_bandwidth": dram_bandwidth,
-    "energy_per_token": energy_per_token,
-    "energy_per_token_replicas": energy_per_token_replicas,
-}
-
-# The summary each figure reads: sweep (Figure 1's runs), families, output_lengths, replication.
-FIGURE_INPUTS: dict[str, str] = {
-    "throughput_latency": "sweep",
-    "families": "families",
-    "output_lengths": "output_lengths",
-    "sm_metrics": "sweep",
-    "power": "sweep",
-    "replication_tradeoff": "replication",
-    "replication_gpu_util": "replication",
-    "replication_power": "replication",
-    "util_throughput": "sweep",
-    "dram_bandwidth": "sweep",
-    "energy_per_token": "sweep",
-    "energy_per_token_replicas": "replication",
-}
+# --- output ---------------------------------------------------------------------------------------
 
 
 def save(chart: alt.TopLevelMixin, caption_md: str, stem: str | os.PathLike[str]) -> list[Path]:

@@ -5,9 +5,9 @@ that started it is gone, and refuse to measure a target that another live job is
 
 * SIGTERM and SIGINT raise :class:`slmserve.server.Terminated` in the main thread, so ``with`` blocks
   unwind and stop the job's servers;
-* a watcher thread sends the job SIGTERM within :data:`WATCH_S` seconds of the loss of its Snakemake
-  ancestors (or, without one, of its parent): a job orphaned by ``kill -9`` of Snakemake stops instead
-  of measuring on beside a rerun;
+* a watcher thread sends the job SIGTERM within :data:`WATCH_S` seconds of the loss of a Snakemake
+  process above it: a job orphaned by ``kill -9`` of Snakemake stops instead of measuring on beside a
+  rerun (a job started without Snakemake, e.g. a benchmark detached with ``setsid``, is not watched);
 * an exclusive ``flock`` on ``.<first target>.measuring`` beside the targets, with the holder's PID, host and
   start time in it: a second job for the same targets stops at once with a message naming that PID.
   The file is deleted when the job ends.
@@ -38,7 +38,7 @@ class TargetBusyError(RuntimeError):
 
 
 def _ancestors() -> list[psutil.Process]:
-    """The processes to watch: every Snakemake process above this one, or else the parent."""
+    """The processes to watch: every Snakemake process above this one."""
     try:
         parents = psutil.Process().parents()
     except psutil.Error:
@@ -48,7 +48,7 @@ def _ancestors() -> list[psutil.Process]:
         with contextlib.suppress(psutil.Error):
             if any("snakemake" in part for part in proc.cmdline()):
                 smk.append(proc)
-    return smk or parents[:1]
+    return smk
 
 
 def _watch(ancestors: list[psutil.Process], stop: threading.Event) -> None:

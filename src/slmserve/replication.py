@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from slmserve import analysis, io, telemetry
+from slmserve import analysis, io, layout, telemetry
 from slmserve.gpuslots import GpuSlots
 from slmserve.jobguard import guard
 from slmserve.measure import Measurement, batch_fits, header, measure, repeats_of, write_point, write_unmeasured
@@ -41,7 +41,7 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path) -
     """Run ``replicas`` servers of ``job.model`` on one GPU; write ``out`` (requests of all replicas,
     column ``replica``) and the telemetry beside it (:func:`slmserve.analysis.telemetry_path`)."""
     batch = one_gpu_max // replicas
-    paths = (out, analysis.telemetry_path(out))
+    paths = (out, layout.telemetry_path(out))
     with guard([out], f"{job.model} x{replicas}"):
         prompts = load_prompts(job)
         with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
@@ -133,7 +133,7 @@ def summarize_repeats(path: str | Path, models: dict[str, Any] | None = None) ->
     if meta["status"] != "ok":
         return [base]
     req = pl.read_parquet(path)
-    tel = pl.read_parquet(analysis.telemetry_path(path))
+    tel = pl.read_parquet(layout.telemetry_path(path))
     rows = []
     for rep in repeats_of(meta):
         i = rep["repeat"]

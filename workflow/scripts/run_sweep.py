@@ -3,20 +3,19 @@
 import logging
 from pathlib import Path
 
-from slmserve.runner import SweepJob, run_sweep
+from common import log_to_file, sweep_job
 
-logging.basicConfig(
-    filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-)
-params = dict(snakemake.params.job)
-batches = params["batch_sizes"]
+from slmserve.runner import run_sweep
+
+log_to_file(snakemake)
 outputs = {
     bs: (Path(req), Path(tel))
-    for bs, req, tel in zip(batches, snakemake.output.requests, snakemake.output.telemetry, strict=True)
+    for bs, req, tel in zip(
+        snakemake.params.job["batch_sizes"], snakemake.output.requests, snakemake.output.telemetry, strict=True
+    )
 }
-log_dir = Path(snakemake.log[0]).with_suffix("")
 try:
-    run_sweep(SweepJob(**params, prompts_path=Path(snakemake.params.prompts), outputs=outputs, log_dir=log_dir))
+    run_sweep(sweep_job(snakemake, outputs))
 except BaseException:
     logging.exception("sweep failed")
     raise

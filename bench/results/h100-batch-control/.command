@@ -1,0 +1,1 @@
+python3 bench/batch_control.py run --model opt125m --prompts /tmp/payload/extra/prompts-in512-n500.parquet --out bench-out 

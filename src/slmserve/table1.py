@@ -1,0 +1,201 @@
+"""Table 1: the largest batch per model, from the paper, the KV-cache formula and the capacity probes.
+
+:func:`frame` reads the probes (``capacity/{model}-{whole,<budget>gb}.json``) into one row per model;
+:func:`table` formats it (one string column per source), :func:`to_csv` and :func:`to_markdown` write it,
+the latter with a note on GPU, engine, memory budget, KV-cache capacity and the rule for "fits"
+(:data:`RULE_NOTE`; the arithmetic is :mod:`slmserve.capacity`'s).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from slmserve import capacity
+from slmserve.figures import engines, hardware, model_names, values
+
+RULE_NOTE = (
+    "A batch fits when every request's prompt ({input_len} tokens) is resident in the KV cache beside the "
+    "fp16 weights (vLLM's rule for admitting a request; output blocks are allocated as tokens are "
+    "generated, and runs record vLLM's preemptions). Powers of two, capped at 512."
+)
+RULE_NOTE_PLACEHOLDER = "[Rule for 'fits': to be stated by the caller.]"
+NO_BUDGET = "budget"  # the budget columns' label when no budget is configured
+_MISSING = "–"
+
+
+# --- the frame of the probes ----------------------------------------------------------------------
+
+
+def _profiles(*probes: Mapping[str, Any]) -> str | None:
+    """The configuration profiles the probes ran in: a probe does not depend on the workload, so one
+    profile's probes may stand in another's Table 1 (its note says so)."""
+    found = {str(p["provenance"]["config"].get("profile")) for p in probes if "config" in (p.get("provenance") or {})}
+    return ", ".join(sorted(found)) or None
+
+
+def _by_model(paths: Sequence[str]) -> dict[str, dict[str, Any]]:
+    probes = [json.loads(Path(p).read_text()) for p in paths]
+    return {probe["model"]: probe for probe in probes}
+
+
+def _row(
+    model: str, entry: Mapping[str, Any], whole: Mapping[str, Any], budget: Mapping[str, Any],
+    budget_gb: float | None, workload: Mapping[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """One model's row: the paper's value, the analytic ones for ``budget_gb``, the probes' (empty if none)."""
+    cfg = capacity.load_config(entry.get("config"))
+    analytic = {}
+    if budget_gb:
+        analytic = capacity.analytic_max_batch(cfg, budget_gb, workload["input_len"], workload["output_len"])
+    prov = whole.get("provenance") or budget.get("provenance") or {}
+    return {
+        "model": model,
+        "params": entry.get("params"),
+        "weights_gb": round(capacity.weight_bytes(cfg) / 1e9, 2),
+        "paper_max_batch": capacity.PAPER_TABLE1.get(model),
+        "analytic_max_batch": analytic.get("admission"),
+        "analytic_max_batch_no_preemption": analytic.get("no_preemption"),
+        "measured_max_batch_budget": budget.get("max_batch_admission"),
+        "measured_max_batch_whole": whole.get("max_batch_admission"),
+        "kv_tokens_budget": budget.get("kv_cache_tokens"),
+        "kv_tokens_whole": whole.get("kv_cache_tokens"),
+        "budget_gb": budget_gb,
+        "gpu_model": (", ".join(prov.get("gpu_models") or []) or f"CPU: {prov.get('cpu_model')}") if prov else None,
+        "engine": prov.get("engine"),
+        "engine_version": prov.get("engine_version"),
+        "probe_profile": _profiles(whole, budget),
+    }
+
+
+def frame(
+    whole: Sequence[str],
+    budget: Sequence[str],
+    models: Mapping[str, Any],
+    budget_gb: float | None,
+    workload: Mapping[str, Any],
+    planned: Sequence[str] = (),
+) -> pl.DataFrame:
+    """One row per model from the probes with the whole GPU (``whole``) and with ``budget_gb``
+    (``budget``); a model of ``planned`` without probes gets the paper's and the analytic values only."""
+    probes_whole, probes_budget = _by_model(whole), _by_model(budget)
+    rows = [
+        _row(m, models[m], probes_whole.get(m, {}), probes_budget.get(m, {}), budget_gb, workload)
+        for m in dict.fromkeys([*planned, *probes_whole, *probes_budget])
+    ]
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+# --- the table as text ----------------------------------------------------------------------------
+
+
+def _weights(gb: float | None) -> str:
+    if gb is None:
+        return _MISSING
+    return f"{gb * 1000:.0f} MB" if gb < 1 else f"{gb:.1f} GB"
+
+
+def _batch(value: float | None) -> str:
+    return _MISSING if value is None or (isinstance(value, float) and not math.isfinite(value)) else str(int(value))
+
+
+def _budget(df: pl.DataFrame) -> str:
+    budgets = values(df, "budget_gb")
+    return "/".join(f"{b:g}" for b in budgets) + " GB" if budgets else NO_BUDGET
+
+
+def _columns(budget: str) -> list[str]:
+    return ["Model", "Parameters", "fp16 weights", "paper (A100 40 GB)", f"analytic ({budget})",
+            f"measured ({budget} emulated)", "measured (whole GPU)"]  # fmt: skip
+
+
+def _text_row(r: Mapping[str, Any], columns: Sequence[str], names: Mapping[str, tuple[str, float]]) -> dict:
+    name, size = names.get(r["model"], (r["model"], math.inf))
+    cells = (
+        name, r.get("params") or _MISSING, _weights(r.get("weights_gb")), _batch(r.get("paper_max_batch")),
+        _batch(r.get("analytic_max_batch")), _batch(r.get("measured_max_batch_budget")),
+        _batch(r.get("measured_max_batch_whole")),
+    )  # fmt: skip
+    return {**dict(zip(columns, cells, strict=True)), "_size": size}
+
+
+def table(df: pl.DataFrame) -> pl.DataFrame:
+    """Table 1 as strings, ordered by model size: Model, Parameters, fp16 weights, the paper's maximum
+    batch (A100 40 GB), the analytic one for the memory budget, the measured ones (budget emulated; whole GPU)."""
+    columns = _columns(_budget(df))
+    names = model_names(df)
+    rows = [_text_row(r, columns, names) for r in df.iter_rows(named=True)]
+    if not rows:
+        return pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
+    return pl.DataFrame(rows).sort("_size", "Model", maintain_order=True).drop("_size")
+
+
+def to_csv(df: pl.DataFrame) -> str:
+    return table(df).write_csv()
+
+
+def _measured_note(df: pl.DataFrame, budget: str) -> str:
+    """What the columns mean and where they were measured."""
+    engine = ", ".join(engines(df)) if "engine" in df.columns else ""
+    if budget == NO_BUDGET:  # e.g. the CPU engine: the budget columns are empty
+        measured = "measured = the largest batch that fits vLLM's reported KV-cache capacity with the whole memory"
+    else:
+        measured = (
+            f"analytic = the paper's KV-cache formula for a {budget} budget; measured = the largest batch that fits "
+            f"vLLM's reported KV-cache capacity with the server limited to {budget} (emulating the A100's 36 GB), "
+            "and with the whole GPU (90%)"
+        )
+    return (
+        "Maximum batch size (powers of two, capped at 512). Paper: its Table 1 (vLLM 0.1.7, A100 40 GB, 90% of the "
+        f"memory = 36 GB for vLLM). Here: {hardware(df)}, {engine or 'unknown engine'}; {measured}."
+    )
+
+
+def _not_probed(df: pl.DataFrame, budget: str, names: Mapping[str, tuple[str, float]]) -> list[str]:
+    """A line naming each model with a probe still missing, and which."""
+    if "measured_max_batch_whole" not in df.columns:
+        return []
+    todo = []
+    for r in df.iter_rows(named=True):
+        probes = [budget] if budget != NO_BUDGET and r.get("measured_max_batch_budget") is None else []
+        probes += ["whole GPU"] if r["measured_max_batch_whole"] is None else []
+        if probes:
+            todo.append(f"{names[r['model']][0]} ({', '.join(probes)})")
+    return [f"Not measured yet (no KV-cache probe result): {', '.join(todo)}."] if todo else []
+
+
+def _profiles_line(df: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> list[str]:
+    if "probe_profile" not in df.columns or df["probe_profile"].drop_nulls().n_unique() <= 1:
+        return []
+    runs = df.filter(pl.col("probe_profile").is_not_null()).group_by("probe_profile", maintain_order=True)
+    where = "; ".join(f"{key[0]}: {', '.join(names[m][0] for m in rows['model'])}" for key, rows in runs)
+    return [f"Probes measured in different configuration profiles (same server settings): {where}."]
+
+
+def _kv_line(df: pl.DataFrame, budget: str, names: Mapping[str, tuple[str, float]]) -> list[str]:
+    kv = "; ".join(
+        f"{names[r['model']][0]}: {_batch(r.get('kv_tokens_budget'))} / {_batch(r.get('kv_tokens_whole'))}"
+        for r in df.iter_rows(named=True)
+        if r.get("kv_tokens_budget") is not None or r.get("kv_tokens_whole") is not None
+    )
+    return [f"KV-cache capacity in tokens ({budget} / whole GPU): {kv}."] if kv else []
+
+
+def to_markdown(df: pl.DataFrame, rule_note: str = RULE_NOTE_PLACEHOLDER) -> str:
+    """Table 1 as a Markdown table and a note under it: GPU, engine, memory budget, the probes still
+    missing, KV-cache capacity and ``rule_note`` (the rule for "fits": :data:`RULE_NOTE` with the workload)."""
+    text = table(df)
+    head = "| " + " | ".join(text.columns) + " |"
+    align = "|" + "|".join([":---", ":---"] + ["---:"] * (text.width - 2)) + "|"
+    body = ["| " + " | ".join(row) + " |" for row in text.iter_rows()]
+    budget, names = _budget(df), model_names(df)
+    notes = [
+        _measured_note(df, budget), *_not_probed(df, budget, names), *_profiles_line(df, names),
+        *_kv_line(df, budget, names), rule_note,
+    ]  # fmt: skip
+    return "\n".join([head, align, *body, "", *notes]) + "\n"

@@ -1,0 +1,100 @@
+"""Table 1: the frame of the capacity probes, and its CSV and Markdown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from slmserve import table1
+from tests.conftest import ROOT
+
+GPU = "NVIDIA H100 80GB HBM3"
+OPT = {"opt125m": "opt-125m", "opt1.3b": "opt-1.3b", "opt2.7b": "opt-2.7b", "opt6.7b": "opt-6.7b", "opt13b": "opt-13b"}
+
+
+@pytest.fixture
+def table() -> pl.DataFrame:
+    rows = [
+        ("opt125m", "125M", 0.25, 512, 512, 512, 512, 400000, 900000),
+        ("opt1.3b", "1.3B", 2.6, 256, 512, 256, 512, 110000, 230000),
+        ("opt2.7b", "2.7B", 5.4, 128, 256, 128, 256, 60000, 140000),
+        ("opt6.7b", "6.7B", 13.4, 64, 64, 64, 128, 45000, 120000),
+        ("opt13b", "13B", 26.0, 16, 16, None, 64, 12000, 60000),
+    ]
+    cols = ["model", "params", "weights_gb", "paper_max_batch", "analytic_max_batch", "measured_max_batch_budget",
+            "measured_max_batch_whole", "kv_tokens_budget", "kv_tokens_whole"]  # fmt: skip
+    df = pl.DataFrame(rows, schema=cols, orient="row")
+    return df.with_columns(budget_gb=pl.lit(36.0), gpu_model=pl.lit(GPU), engine=pl.lit("vllm"),
+                           engine_version=pl.lit("0.26.0"))  # fmt: skip
+
+
+def test_table1_frame_from_probe_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probes = {"opt1.3b": (951_312, 256), "opt13b": (10_000, 16)}
+    whole, budget = [], []
+    for model, (tokens, batch) in probes.items():
+        for kind, mult in (("whole", 2), ("36gb", 1)):
+            p = tmp_path / f"{model}-{kind}.json"
+            profile = "quick" if model == "opt1.3b" else "paper"  # one profile's probes in another's table
+            p.write_text(json.dumps({"model": model, "kv_cache_tokens": tokens * mult, "max_batch_admission": batch,
+                                     "provenance": {"gpu_models": ["NVIDIA H100 80GB HBM3"], "engine": "vllm",
+                                                    "engine_version": "0.26.0",
+                                                    "config": {"profile": profile}}}))  # fmt: skip
+            (whole if kind == "whole" else budget).append(str(p))
+    models = {m: {"config": f"config/models/{OPT[m]}", "params": m[3:].upper()} for m in probes}
+    monkeypatch.chdir(ROOT)
+    frame = table1.frame(whole, budget, models, 36, {"input_len": 512, "output_len": 256})
+    row = frame.filter(pl.col("model") == "opt1.3b").row(0, named=True)
+    assert row["paper_max_batch"] == 256 and row["analytic_max_batch"] == 256
+    assert row["measured_max_batch_budget"] == 256 and row["kv_tokens_whole"] == 2 * 951_312
+    assert row["weights_gb"] == pytest.approx(2.63, abs=0.01)
+    md = table1.to_markdown(frame, table1.RULE_NOTE.format(input_len=512))
+    assert "| OPT-1.3B |" in md and "NVIDIA H100 80GB HBM3" in md and "prompt (512 tokens)" in md
+    assert frame["probe_profile"].to_list() == ["quick", "paper"]
+    assert "Probes measured in different configuration profiles (same server settings): quick: OPT-1.3B; " \
+           "paper: OPT-13B." in md  # fmt: skip
+    one = table1.to_markdown(frame.with_columns(probe_profile=pl.lit("paper")))
+    assert "different configuration profiles" not in one
+
+
+def test_table1_keeps_a_planned_model_without_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = tmp_path / "opt125m-whole.json"
+    probe.write_text(json.dumps({"model": "opt125m", "kv_cache_tokens": 2_056_000, "max_batch_admission": 512,
+                                 "provenance": {"gpu_models": ["NVIDIA H100 80GB HBM3"], "engine": "vllm",
+                                                "engine_version": "0.26.0"}}))  # fmt: skip
+    models = {m: {"config": f"config/models/{OPT[m]}", "params": m[3:].upper()} for m in ("opt125m", "opt13b")}
+    monkeypatch.chdir(ROOT)
+    frame = table1.frame([str(probe)], [], models, 36, {"input_len": 512, "output_len": 256},
+                                  planned=["opt125m", "opt13b"])  # fmt: skip
+    assert frame["model"].to_list() == ["opt125m", "opt13b"]
+    big = frame.filter(pl.col("model") == "opt13b").row(0, named=True)
+    assert (big["paper_max_batch"], big["analytic_max_batch"]) == (16, 16)
+    assert big["measured_max_batch_whole"] is None and big["gpu_model"] is None
+    table = table1.table(frame)
+    assert table.filter(pl.col("Model") == "OPT-13B")["measured (whole GPU)"].item() == "–"
+    md = table1.to_markdown(frame)
+    # OPT-125M has its whole-GPU probe only, OPT-13B none: each is named with what it lacks
+    assert "NVIDIA H100 80GB HBM3" in md
+    assert "Not measured yet (no KV-cache probe result): OPT-125M (36 GB), OPT-13B (36 GB, whole GPU)." in md
+
+
+def test_table1(table: pl.DataFrame) -> None:
+    md = table1.to_markdown(table, rule_note="A batch fits when all its requests run at once.")
+    lines = md.splitlines()
+    assert lines[0] == (
+        "| Model | Parameters | fp16 weights | paper (A100 40 GB) | analytic (36 GB) | measured (36 GB emulated) "
+        "| measured (whole GPU) |"
+    )
+    assert "| OPT-125M | 125M | 250 MB | 512 | 512 | 512 | 512 |" in lines
+    assert "| OPT-1.3B | 1.3B | 2.6 GB | 256 | 512 | 256 | 512 |" in lines
+    assert "| OPT-13B | 13B | 26.0 GB | 16 | 16 | – | 64 |" in lines
+    assert [ln.split(" | ")[0] for ln in lines[2:7]] == ["| OPT-125M", "| OPT-1.3B", "| OPT-2.7B", "| OPT-6.7B",
+                                                          "| OPT-13B"]  # fmt: skip
+    assert GPU in md and "vllm 0.26.0" in md and "36 GB" in md
+    assert md.rstrip().endswith("A batch fits when all its requests run at once.")
+    assert table1.RULE_NOTE_PLACEHOLDER in table1.to_markdown(table)
+    csv = pl.read_csv(table1.to_csv(table).encode())
+    assert csv.columns[3] == "paper (A100 40 GB)"
+    assert csv.filter(pl.col("Model") == "OPT-1.3B")["paper (A100 40 GB)"].to_list() == [256]
