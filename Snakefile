@@ -26,6 +26,9 @@ report: "report/workflow.rst"
 include: "rules/common.smk"
 
 
+warn_unplanned()
+
+
 wildcard_constraints:
     **{**WILDCARDS, "model": MODEL_RE},
 

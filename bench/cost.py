@@ -15,7 +15,7 @@ from datetime import datetime
 
 import polars as pl
 
-# GPU (measuring) rules and what each one's results are drawn into (slmserve.figures.FIGURE_INPUTS).
+# GPU (measuring) rules and what each one's results are drawn into (slmserve.layout.FIGURES by source).
 RULE_FIGURES: Mapping[str, str] = {
     "kv_probe": "Table 1 (and the batch of output-length and replication runs)",
     "sweep": "Figures 1, 3, 4, 8, DRAM bandwidth, energy per token (Figure 2 left for family models)",

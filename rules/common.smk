@@ -65,8 +65,17 @@ def prompts_unless_done(results):
 
 
 def experiments():
-    """Experiments with at least one run in this configuration."""
-    return [e for e in EXPERIMENTS if experiment_runs(e)]
+    """Experiments with at least one run in this configuration; when re-plotting, with at least one result
+    (a profile whose results hold only Table 1's probes re-plots only Table 1)."""
+    return [e for e in EXPERIMENTS if measured(experiment_runs(e))]
+
+
+def warn_unplanned():
+    """Name the figures that `all` leaves out because their experiment plans no run (e.g. models: [])."""
+    for e in EXPERIMENTS:
+        if not experiment_runs(e):
+            names = ", ".join(name for name, fig in FIGURES.items() if fig.source == e)
+            logger.warning(f"config: experiments.{e} plans no run, so `all` builds none of its figures: {names}")
 
 
 def figures():
@@ -126,9 +135,10 @@ def demo_targets():
     return [L.path("summary", experiment="sweep"), *L.figure_files("throughput_latency")]
 
 
-def planned_measurements():
-    """Every measured file the targets need (runs, replication runs, capacity probes)."""
-    files = [f for e in experiments() for f in experiment_runs(e)]
+def planned_measurements(exps=None):
+    """Every measured file the targets need (runs, replication runs, capacity probes), or those of the
+    experiments ``exps``."""
+    files = [f for e in (experiments() if exps is None else exps) for f in experiment_runs(e)]
     files += capacity_files("whole") + (capacity_files(BUDGET) if BUDGET else [])
     return list(dict.fromkeys(files))  # a family model may also be a sweep model
 
@@ -140,7 +150,7 @@ def missing_measurements(planned=None):
 
 def check_replot():
     """replot=True draws what is there: stop if nothing of this configuration is, warn about the rest."""
-    planned = planned_measurements()
+    planned = planned_measurements([e for e in EXPERIMENTS if experiment_runs(e)])
     missing = missing_measurements(planned)
     if planned and len(missing) == len(planned):
         raise WorkflowError(
@@ -156,16 +166,9 @@ def check_replot():
 
 
 def gpus_visible():
-    try:
-        import pynvml
+    from slmserve import nvml
 
-        pynvml.nvmlInit()
-        try:
-            return pynvml.nvmlDeviceGetCount() > 0
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return False
+    return nvml.gpu_count() > 0
 
 
 def check_engine_or_results():

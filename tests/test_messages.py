@@ -50,3 +50,13 @@ def test_a_truncated_dataset_is_reported_on_the_console(tmp_path: Path) -> None:
                      timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "prepare_dataset: " in proc.stderr and "truncated" in proc.stderr
+
+
+def test_an_experiment_without_models_names_the_figures_left_out(tmp_path: Path) -> None:
+    overlay = tmp_path / "nosweep.yaml"
+    overlay.write_text("experiments:\n  sweep:\n    models: []\n")
+    proc = snakemake("all", "-n", "--cores", "1", "--configfile", "config/config.yaml", str(overlay),
+                     "--config", f"outdir={tmp_path}/r", f"figdir={tmp_path}/f", "allow_cpu=True")  # fmt: skip
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-2000:]
+    assert "experiments.sweep plans no run, so `all` builds none of its figures: throughput_latency" in text

@@ -30,3 +30,10 @@ def test_git_sha_of_an_exported_tree_comes_from_the_environment(tmp_path, monkey
 def test_config_hash_ignores_key_order_and_sees_values():
     assert provenance.config_hash({"a": 1, "b": [1, 2]}) == provenance.config_hash({"b": [1, 2], "a": 1})
     assert provenance.config_hash({"a": 1}) != provenance.config_hash({"a": 2})
+
+
+def test_every_result_names_the_host_cpu_and_its_cores():
+    prov = provenance.collect({"x": 1}, ())
+    assert prov["cpu_model"] and prov["cpu_cores"] >= 1 and 1 <= prov["cpu_cores_usable"] <= prov["cpu_cores"]
+    assert {"engine", "engine_version", "torch", "gpu_models", "driver", "gpu_ids", "slurm_job_id", "git_sha",
+            "config_hash", "created", "hostname"} <= set(prov)  # fmt: skip

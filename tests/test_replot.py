@@ -39,6 +39,12 @@ def test_replot_from_fixture_results_runs_no_measurement(tmp_path: Path) -> None
     # nothing to do the second time
     again = snakemake("all", "-n", "--cores", "1", *args)
     assert "Nothing to be done" in again.stdout + again.stderr
+    # re-plotting unchanged results rewrites identical bytes: a checkout stays clean
+    before = {p: p.read_bytes() for p in [*out.glob("summary/*.parquet"), *fig.glob("*")] if p.is_file()}
+    forced = snakemake("all", "--cores", "1", *args, "--forceall", timeout=600)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    changed = [str(p) for p, data in before.items() if p.read_bytes() != data]
+    assert changed == [], changed
 
     report = snakemake("all", "--cores", "1", *args, "--report", str(tmp_path / "report.html"), timeout=600)
     assert report.returncode == 0, report.stderr[-3000:]

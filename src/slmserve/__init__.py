@@ -1,9 +1,13 @@
 """slmserve: measure how small language models serve on vLLM.
 
-One module per concept: :mod:`dataset` (ShareGPT prompts), :mod:`server` (vLLM server lifecycle),
-:mod:`loadgen` (the load generator), :mod:`telemetry` (GPU and host sampling), :mod:`gpuslots`
-(GPU pinning), :mod:`runner` (one measured configuration), :mod:`analysis` (merge and summaries),
-:mod:`figures` (altair charts), :mod:`provenance` and :mod:`io` (what every result file carries).
+One module per concept. Measuring: :mod:`runner` (sweeps, output-length points, KV probes),
+:mod:`replication`, :mod:`measure` (one load on running servers, result files), :mod:`server` (vLLM
+server lifecycle), :mod:`batchcap` and :mod:`vllm_scheduler` (the batch capped in vLLM's scheduler),
+:mod:`loadgen` (the load generator), :mod:`enginemetrics` (vLLM's /metrics), :mod:`telemetry` and
+:mod:`nvml` (GPU and host sampling), :mod:`gpuslots` (GPU pinning), :mod:`jobguard` (a job's signals,
+parent and target lock), :mod:`dataset` (ShareGPT prompts). Results: :mod:`analysis` (summaries),
+:mod:`stats` (repeats, CIs), :mod:`figures`, :mod:`table1`, :mod:`capacity` (KV arithmetic),
+:mod:`layout` (paths and the figure registry), :mod:`provenance`, :mod:`io`, :mod:`config`.
 """
 
 __version__ = "0.1.0"

@@ -54,8 +54,10 @@ def check_schema(config: Mapping[str, Any], schema_path: str | Path) -> None:
 
 
 def _experiment_models(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    from slmserve.layout import EXPERIMENTS
+
     exps = config.get("experiments", {})
-    for exp in ("sweep", "families", "replication", "table1"):
+    for exp in (*(e for e in EXPERIMENTS if e != "output_lengths"), "table1"):
         for i, name in enumerate(exps.get(exp, {}).get("models", [])):
             yield f"experiments.{exp}.models[{i}]", name
     out = exps.get("output_lengths", {})

@@ -84,6 +84,8 @@ def collect(cfg: Mapping[str, Any], gpu_ids: Sequence[int] = ()) -> dict[str, An
         **gpu_info(gpu_ids),
         "gpu_ids": list(gpu_ids),
         "cpu_model": cpu_model(),
+        "cpu_cores": os.cpu_count(),  # host-bound models (OPT-125M) depend on the host CPU
+        "cpu_cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "hostname": platform.node(),
         "python": platform.python_version(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
