@@ -38,7 +38,7 @@ import pytest
 import yaml
 from polars.testing import assert_frame_equal
 
-from slmserve import analysis, io, layout, loadgen, provenance, telemetry
+from slmserve import analysis, io, layout, measure, provenance
 from tests.conftest import ROOT, SNAKEMAKE, requires_engine
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.engine, requires_engine]
@@ -344,9 +344,9 @@ def test_smoke_dag_through_slurm_profile(slurm: dict[str, str], tmp_path: Path) 
             # the same schemas and provenance fields as a local run writes
             req = pl.read_parquet(path)
             tel = pl.read_parquet(layout.telemetry_path(path))
-            assert req.schema == pl.Schema(loadgen.FRAME_SCHEMA)
-            assert tel.schema == pl.Schema(telemetry.SCHEMA)
-            assert req.height == 16 and (req["status"] == "ok").all()
+            assert req.schema == pl.Schema(measure.REQUESTS_SCHEMA)
+            assert tel.schema == pl.Schema(measure.TELEMETRY_SCHEMA)
+            assert req.height == 16 * len(meta["repeats"]) and (req["status"] == "ok").all()
             assert set(provenance.collect({})) <= set(prov)
             assert prov["engine"] == "vllm-cpu" and prov["hostname"]
         assert len({io.read_meta(p)["provenance"]["slurm_job_id"] for p in runs}) == 1  # one sweep job

@@ -30,6 +30,9 @@ from slmserve.loadgen import FRAME_SCHEMA, LoadResult, LoadSpec, result_meta, ru
 from slmserve.server import ServerError, VllmServer, log_tail
 
 _T = TypeVar("_T")
+# The columns of a point's result files: the load generator's and the telemetry sampler's, and the repeat.
+REQUESTS_SCHEMA: dict[str, pl.DataType] = {**FRAME_SCHEMA, "repeat": pl.Int32()}
+TELEMETRY_SCHEMA: dict[str, pl.DataType] = {**telemetry.SCHEMA, "repeat": pl.Int32()}
 TIME_COLS = ("scheduled_s", "sent_s", "first_token_s", "end_s")
 # How long a load that saw failed requests waits for its server to be reaped before it calls the failure
 # the server's death (a killed server closes its sockets before it can be reaped).
@@ -209,8 +212,8 @@ def write_unmeasured(paths: tuple[Path, Path], head: Mapping[str, Any], reason: 
                      server: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """A point that could not be measured, as a result: ``infeasible`` (memory) or ``unsupported`` (model)."""
     meta = {**head, "status": status, "reason": reason, "server": dict(server) if server else None}
-    io.write_parquet(telemetry.empty_frame().with_columns(repeat=pl.lit(None, pl.Int32)), paths[1], meta)
-    io.write_parquet(pl.DataFrame(schema={**FRAME_SCHEMA, "repeat": pl.Int32()}), paths[0], meta)
+    io.write_parquet(pl.DataFrame(schema=TELEMETRY_SCHEMA), paths[1], meta)
+    io.write_parquet(pl.DataFrame(schema=REQUESTS_SCHEMA), paths[0], meta)
     return meta
 
 
