@@ -724,7 +724,7 @@ def _effective_batch_panel(data: pl.DataFrame, order: Sequence[str]) -> alt.Laye
     base = alt.Chart(data).encode(x=x, color=_color(order, "rate", "Arrival rate (req/s)"))
     measured = base.transform_filter("isValid(datum.effective_batch)").encode(y=alt.Y("effective_batch:Q", title=title))
     layers = [
-        base.mark_rule(strokeDash=[4, 4]).encode(y=alt.Y("batch_size:Q", title=title), color=alt.value("gray")),
+        alt.Chart(data).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.Y("batch_size:Q", title=title)),
         measured.mark_line().encode(detail="series:N", order="output_len:Q"),
         measured.mark_point(filled=True, size=50).encode(tooltip=["rate", "output_len", "batch_size", "effective_batch",
                                                                   "preemptions"]),
@@ -881,6 +881,8 @@ def _power_rule(candidates: pl.DataFrame, chosen: pl.DataFrame) -> list[str]:
     if chosen.is_empty():
         return [rule, "Chosen: none."]
     names = model_names(candidates)
+    size = {name: params for name, params in names.values()}
+    chosen = chosen.sort(pl.col("model").replace_strict(size, default=math.inf, return_dtype=pl.Float64))
     chosen_at = dict(zip(chosen["model"], chosen["batch_size"], strict=True))
     picked = ", ".join(f"{m}: batch {b}" for m, b in chosen_at.items())
     skipped = [
@@ -931,7 +933,9 @@ def _system_vs_sum(runs: pl.DataFrame) -> list[str]:
     if "throughput_sum_rps" not in runs.columns or runs["throughput_sum_rps"].is_null().all():
         return ["Sum of per-replica rates: not recorded in this summary."]
     per = []
-    for (model,), rows in runs.sort("replicas").group_by("model", maintain_order=True):
+    size = {name: params for name, params in model_names(runs).values()}
+    runs = runs.sort(pl.col("model").replace_strict(size, default=math.inf, return_dtype=pl.Float64), "replicas")
+    for (model,), rows in runs.group_by("model", maintain_order=True):
         pairs = ", ".join(
             f"×{r['replicas']} {r['throughput_rps']:.1f} / {r['throughput_sum_rps']:.1f}"
             for r in rows.iter_rows(named=True) if r["throughput_sum_rps"] is not None
