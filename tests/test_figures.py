@@ -92,12 +92,13 @@ def families_summary() -> pl.DataFrame:
 
 @pytest.fixture
 def outlen_summary() -> pl.DataFrame:
+    """The output-length experiment: every point at one batch (64, --max-num-seqs), the effective batch
+    falling as outputs grow, preemptions at 256 output tokens when all requests arrive at once."""
     rows = []
     for rate in (INF, 100.0, 10.0):
         for out in (32, 64, 128, 256):
-            for b in (16, 32, 64):
-                fits = b * (512 + out) <= 64 * (512 + 128)
-                rows.append(run("opt6.7b", b, out=out, rate=rate, status="ok" if fits else "infeasible"))
+            row = run("opt6.7b", 64, out=out, rate=rate, preemptions=5 if out == 256 and rate == INF else 0)
+            rows.append({**row, "effective_batch": 64 * 128 / max(out, 128) - (0 if rate == INF else 10)})
     return frame(rows)
 
 
@@ -166,21 +167,40 @@ def test_output_lengths_series_per_rate(outlen_summary: pl.DataFrame) -> None:
     chart, cap = figures.output_lengths(outlen_summary)
     spec = chart.to_dict()
     json.dumps(spec, allow_nan=False)
-    enc = spec["layer"][1]["encoding"]
+    left, _ = spec["hconcat"]
+    enc = left["layer"][1]["encoding"]
     assert enc["color"]["field"] == "rate" and enc["color"]["sort"] == ["inf", "100", "10"]
-    assert spec["layer"][2]["encoding"]["text"]["field"] == "output_len"
-    assert spec["layer"][0]["encoding"]["order"]["field"] == "output_len"
+    assert left["layer"][2]["encoding"]["text"]["field"] == "output_len"
+    assert left["layer"][0]["encoding"]["order"]["field"] == "output_len"
     data = dataset(chart)
     assert "arrival_rate" not in data.columns
     assert data.height == 12 and set(data["rate"]) == {"inf", "100", "10"}
     inf = data.filter(pl.col("rate") == "inf").sort("output_len")
     assert inf["output_len"].to_list() == [32, 64, 128, 256]
-    assert inf["batch_size"].to_list() == [64, 64, 64, 32]  # the largest batch that fits each output length
+    assert inf["batch_size"].to_list() == [64] * 4
+    assert inf["effective_batch"].to_list() == pytest.approx([64, 64, 64, 32])
     assert "Output length and arrival rate, OPT-6.7B" in spec["title"]
+    assert "Poisson" in cap
+
+
+def test_output_lengths_shows_the_effective_batch(outlen_summary: pl.DataFrame) -> None:
+    """Figure 2 (right) shows its mechanism: the effective batch per output length beside the one batch
+    every point ran at, and the caption says so (no per-length batch)."""
+    chart, cap = figures.output_lengths(outlen_summary)
+    right = chart.to_dict()["hconcat"][1]
+    assert right["layer"][0]["encoding"]["y"]["field"] == "batch_size"  # the --max-num-seqs limit, dashed
+    assert right["layer"][1]["encoding"]["y"]["field"] == "effective_batch"
+    assert right["layer"][1]["encoding"]["x"]["field"] == "output_len"
+    assert "One batch for every point: vLLM started with --max-num-seqs = 64" in cap
+    assert "batch per output length" not in cap
+    assert "32 tokens at inf req/s: 64.0; 64 tokens at inf req/s: 64.0; 128 tokens at inf req/s: 64.0; " \
+           "256 tokens at inf req/s: 32.0; 32 tokens at 100 req/s: 54.0" in cap  # fmt: skip
+    assert "polled at 1 Hz" in cap
     assert (
-        "Poisson" in cap
-        and "batch per output length: 32 tokens: 64, 64 tokens: 64, 128 tokens: 64, 256 tokens: 32" in cap
+        "Preemptions (vLLM's counter, mean over repeats) at 1 of 12 plotted points: 256 tokens at inf req/s: 5." in cap
     )
+    no_eff = figures.output_lengths(outlen_summary.drop("effective_batch"))[1]
+    assert "Effective batch: not recorded in this summary (right panel empty)." in no_eff
 
 
 def test_sm_metrics_panels(sweep: pl.DataFrame) -> None:
@@ -269,7 +289,8 @@ def test_replication_bars(replication: pl.DataFrame, name: str, field: str) -> N
     assert enc["x"]["field"] == "model" and enc["y"]["field"] == field
     assert enc["xOffset"]["field"] == "replicas" and enc["color"]["field"] == "replicas"
     data = dataset(chart)
-    assert data.columns == ["model", "replicas", field]
+    ci = [f"{field}_ci_lo", f"{field}_ci_hi"] if field != "gpu_util_mean" else []
+    assert data.columns == ["model", "replicas", field, *ci, *(["energy_window_ok"] if "energy" in field else [])]
     expected = replication.filter(pl.col("model") == "opt125m").sort("replicas")[field].to_list()
     assert data.filter(pl.col("model") == "OPT-125M").sort("replicas")[field].to_list() == pytest.approx(expected)
     assert "NVIDIA H100" in cap and "no GPU telemetry" not in cap

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import altair as alt
 import polars as pl
 
 from slmserve import io
-from slmserve.analysis import NOT_MEASURED, complete
+from slmserve.analysis import CI_METRICS, ENERGY_MIN_WINDOW_S, NOT_MEASURED, complete
 from slmserve.config import rate_label
 
 PAPER = "the paper (vLLM 0.1.7, A100 40 GB, real OPT weights)"
@@ -302,8 +302,7 @@ def _batch_notes(summary: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
     if "client" in values(summary, "batch_control"):
         notes.append(
             "Batch held by a client-side concurrency limit on one server per model (batch_control: client), "
-            "not by restarting vLLM with --max-num-seqs = batch as the paper did; on an H100 this measured "
-            "7-20% lower throughput at batch 8."
+            "not by restarting vLLM with --max-num-seqs = batch as the paper did."
         )
     if len(values(ok, "n_ok")) > 1:
         notes.append(
@@ -329,6 +328,115 @@ def _paper_difference() -> list[str]:
 def _engine_args(summary: pl.DataFrame) -> list[str]:
     pairs = _per_model(summary, "engine_args")
     return [f"{name}: vLLM started with the extra arguments `{args}`" for name, args in pairs]
+
+
+# --- repeats, confidence intervals, preemptions, energy windows -----------------------------------
+
+CI_METHOD = "95% CI: Student's t over repeats (mean ± t(0.975, n-1)·sd/√n, slmserve.stats)"
+# How captions name a plotted metric.
+METRIC_NAMES = {
+    "throughput_rps": "throughput", "latency_mean_s": "mean latency", "power_w_mean": "power",
+    "energy_per_token_j": "energy per token", "gpu_util_mean": "GPU utilisation", "sm_active_mean": "SM activity",
+    "sm_active_max": "max SM activity", "sm_occupancy_mean": "SM occupancy", "sm_occupancy_max": "max SM occupancy",
+    "dram_bw_mean": "DRAM bandwidth", "dram_bw_max": "max DRAM bandwidth", "effective_batch": "effective batch",
+}  # fmt: skip
+
+
+def point_name(row: Mapping[str, Any]) -> str:
+    """A plotted point in a caption: ``OPT-1.3B b=512``, ``OPT-125M ×3``, ``OPT-6.7B 2 GPUs b=64``,
+    ``OPT-6.7B out 256, rate inf`` (``model`` is the display name once :func:`_named` ran)."""
+    parts = [str(row.get("model"))]
+    if row.get("tp") not in (None, 1):
+        parts.append(f"{row['tp']} GPUs")
+    if row.get("replicas") is not None:
+        parts.append(f"×{row['replicas']}")
+    elif row.get("point") is not None:
+        parts.append(str(row["point"]))
+    elif row.get("batch_size") is not None:
+        parts.append(f"b={row['batch_size']}")
+    return " ".join(parts)
+
+
+def _ci_cols(runs: pl.DataFrame, metrics: Sequence[str]) -> list[pl.Expr]:
+    """``<m>_ci_lo`` and ``<m>_ci_hi`` of each metric as Float64, null where absent or not finite."""
+    out = []
+    for m in metrics:
+        for end in ("ci_lo", "ci_hi"):
+            c = f"{m}_{end}"
+            col = pl.col(c).cast(pl.Float64) if c in runs.columns else pl.lit(None, pl.Float64)
+            out.append(pl.when(col.is_finite()).then(col).otherwise(None).alias(c))
+    return out
+
+
+def _repeats_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
+    """``Repeats: n = 3 at 12 of 14 points; 2 points with n = 1: a, b`` of the plotted points."""
+    if runs.is_empty():
+        return "Repeats: no point plotted."
+    if "n_repeats" not in runs.columns or runs["n_repeats"].is_null().all():
+        return "Repeats per point: not recorded in this summary."
+    counts = runs["n_repeats"].fill_null(0).cast(pl.Int64)
+    common = counts.mode().sort()[-1]
+    k = int((counts == common).sum())
+    if k == runs.height:
+        return f"Repeats: n = {common} per point ({k} points)."
+    line = f"Repeats: n = {common} at {k} of {runs.height} points"
+    for n in sorted(set(counts.to_list()) - {common}):
+        rows = runs.filter(counts == n)
+        line += f"; {rows.height} points with n = {n}: {', '.join(name(r) for r in rows.iter_rows(named=True))}"
+    return line + "."
+
+
+def _ci_note(runs: pl.DataFrame, metrics: Sequence[str]) -> str:
+    """Which plotted metrics carry a 95% CI, at how many points, and the method."""
+    names = [METRIC_NAMES.get(m, m) for m in metrics]
+    have = [m for m in metrics if m in CI_METRICS and f"{m}_ci_lo" in runs.columns]
+    if not have:
+        return f"No CI: {', '.join(names)} {'is' if len(names) == 1 else 'are'} not among the metrics with a CI " \
+            "(analysis.CI_METRICS); points are means over repeats."  # fmt: skip
+    with_ci = runs.filter(pl.any_horizontal(pl.col(f"{m}_ci_lo").is_not_null() for m in have)).height
+    without = [METRIC_NAMES.get(m, m) for m in metrics if m not in have]
+    rest = f"; {', '.join(without)}: no CI computed (means over repeats)" if without else ""
+    if not with_ci:
+        return f"{CI_METHOD}: none drawn, no plotted point has n >= 2{rest}."
+    drawn = ", ".join(METRIC_NAMES.get(m, m) for m in have)
+    return f"{CI_METHOD}, drawn as error bars on {drawn} at the {with_ci} points with n >= 2{rest}."
+
+
+def _preemption_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
+    """The plotted points where vLLM preempted requests, with the count (mean over repeats)."""
+    if "preemptions" not in runs.columns or runs["preemptions"].is_null().all():
+        return "Preemptions: not recorded in this summary."
+    hit = runs.filter(pl.col("preemptions").fill_null(0) > 0)
+    if hit.is_empty():
+        return "Preemptions (vLLM's counter, mean over repeats): none at any plotted point."
+    each = "; ".join(f"{name(r)}: {r['preemptions']:g}" for r in hit.iter_rows(named=True))
+    return f"Preemptions (vLLM's counter, mean over repeats) at {hit.height} of {runs.height} plotted points: {each}."
+
+
+def point_notes(
+    runs: pl.DataFrame, metrics: Sequence[str], name: Callable[[Mapping[str, Any]], str] = point_name
+) -> list[str]:
+    """The caption's lines on the plotted points: repeats, CIs of ``metrics``, preemptions."""
+    return [_repeats_note(runs, name), _ci_note(runs, metrics), _preemption_note(runs, name)]
+
+
+def _energy_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> list[str]:
+    """The energy windows of the plotted points (range of length and samples) and those too short."""
+    if "energy_window_s" not in runs.columns or runs["energy_window_s"].is_null().all():
+        return ["Energy window: not recorded in this summary."]
+    w, n = runs["energy_window_s"].drop_nulls(), runs["energy_samples"].drop_nulls()
+    line = f"Energy window per point: {w.min():.1f}-{w.max():.1f} s" + (
+        f", {n.min()}-{n.max()} telemetry samples" if n.len() else ""
+    )
+    short = runs.filter(pl.col("energy_window_s") < ENERGY_MIN_WINDOW_S)
+    if short.is_empty():
+        return [f"{line}; every window is at least {ENERGY_MIN_WINDOW_S:g} s (analysis.ENERGY_MIN_WINDOW_S)."]
+    which = ", ".join(f"{name(r)} ({r['energy_window_s']:.1f} s)" for r in short.iter_rows(named=True))
+    return [
+        f"{line}.",
+        f"{short.height} of {runs.height} points have a window shorter than {ENERGY_MIN_WINDOW_S:g} s "
+        f"(analysis.ENERGY_MIN_WINDOW_S), too short for a trusted energy figure; drawn hollow/faded: {which}.",
+    ]
 
 
 # --- shared chart shapes --------------------------------------------------------------------------
@@ -361,8 +469,8 @@ def _tradeoff(
     and connected in its order. Layers: lines, points, labels."""
     x_scale = alt.Scale(type="log") if log_x else alt.Scale(zero=False)
     base = alt.Chart(data).encode(
-        x=alt.X("latency_mean_s:Q", title="Mean end-to-end latency (s)", scale=x_scale),
-        y=alt.Y("throughput_rps:Q", title="Throughput (requests/s)"),
+        x=alt.X("latency_mean_s:Q", title=X_LATENCY, scale=x_scale),
+        y=alt.Y("throughput_rps:Q", title=Y_THROUGHPUT),
         color=_color(order, color, color_title),
     )
     lines = base.mark_line().encode(detail="series:N", order=f"{label}:Q")
@@ -373,23 +481,53 @@ def _tradeoff(
         lines = lines.encode(strokeDash=alt.StrokeDash(f"{shape}:N", legend=None))
         points = points.encode(shape=alt.Shape(f"{shape}:N", title=shape_title))
     labels = base.mark_text(dy=-9, fontSize=9).encode(text=f"{label}:Q")
-    return alt.layer(lines, points, labels, *([_no_data()] if data.is_empty() else [])).properties(title=title)
+    layers = [lines, points, labels, *_tradeoff_ci(base, data, x_scale)]
+    return alt.layer(*layers, *([_no_data()] if data.is_empty() else [])).properties(title=title)
+
+
+X_LATENCY, Y_THROUGHPUT = "Mean end-to-end latency (s)", "Throughput (requests/s)"
+
+
+def _tradeoff_ci(base: alt.Chart, data: pl.DataFrame, x_scale: alt.Scale) -> list[alt.Chart]:
+    """Error bars of the 95% CIs: vertical on throughput, horizontal on latency, where the data has them."""
+    bars = []
+    if "throughput_rps_ci_lo" in data.columns:
+        y = alt.Y("throughput_rps_ci_lo:Q", title=Y_THROUGHPUT)
+        rule = base.mark_rule(strokeWidth=1.5).encode(y=y, y2="throughput_rps_ci_hi:Q")
+        bars.append(rule.transform_filter("isValid(datum.throughput_rps_ci_lo)"))
+    if "latency_mean_s_ci_lo" in data.columns:
+        x = alt.X("latency_mean_s_ci_lo:Q", title=X_LATENCY, scale=x_scale)
+        rule = base.mark_rule(strokeWidth=1.5).encode(x=x, x2="latency_mean_s_ci_hi:Q")
+        bars.append(rule.transform_filter("isValid(datum.latency_mean_s_ci_lo)"))
+    return bars
 
 
 # A panel of a batch-size figure: (panel title, y-axis title, {statistic: summary column}).
 Panel = tuple[str, str, dict[str, str]]
-_LONG_SCHEMA = {"model": pl.String, "batch_size": pl.Int64, "panel": pl.String, "stat": pl.String, "value": pl.Float64}
+_LONG_SCHEMA = {"model": pl.String, "batch_size": pl.Int64, "panel": pl.String, "stat": pl.String, "value": pl.Float64,
+                "lo": pl.Float64, "hi": pl.Float64, "ok": pl.Boolean}  # fmt: skip
+
+
+def _window_ok(runs: pl.DataFrame) -> pl.Expr:
+    """False where a point's energy window is shorter than ENERGY_MIN_WINDOW_S (true where not recorded)."""
+    if "energy_window_s" not in runs.columns:
+        return pl.lit(True)
+    return (pl.col("energy_window_s").cast(pl.Float64) >= ENERGY_MIN_WINDOW_S).fill_null(True)
 
 
 def _batch_long(runs: pl.DataFrame, panels: Sequence[Panel]) -> pl.DataFrame:
-    """One row per (run, panel, statistic): model, batch_size, panel, stat, value (nulls dropped)."""
+    """One row per (run, panel, statistic): model, batch_size, panel, stat, value (nulls dropped), the 95% CI
+    (lo, hi; null where the point has none) and ok (false: an energy window too short to trust)."""
     frames = [
-        runs.select(
+        runs.with_columns(_ci_cols(runs, [col])).select(
             pl.col("model").cast(pl.String),
             pl.col("batch_size").cast(pl.Int64),
             panel=pl.lit(title),
             stat=pl.lit(stat),
             value=pl.col(col).cast(pl.Float64),
+            lo=pl.col(f"{col}_ci_lo"),
+            hi=pl.col(f"{col}_ci_hi"),
+            ok=_window_ok(runs) if col == "energy_per_token_j" else pl.lit(True),
         )
         for title, _, cols in panels
         for stat, col in cols.items()
@@ -429,7 +567,10 @@ def _batch_lines(
             dash = alt.Scale(domain=stats, range=[[1, 0], [6, 3], [2, 2]][: len(stats)])
             lines = lines.encode(strokeDash=alt.StrokeDash("stat:N", title="Statistic", sort=stats, scale=dash))
             points = points.encode(shape=alt.Shape("stat:N", sort=stats, legend=None))
-        layers = [lines, points]
+        errors = base.mark_rule(strokeWidth=1.5).encode(y=alt.Y("lo:Q", title=ytitle), y2="hi:Q")
+        hollow = base.mark_point(filled=True, size=12).encode(color=alt.value("white"))
+        layers = [lines, points, errors.transform_filter("isValid(datum.lo)"),
+                  hollow.transform_filter("datum.ok === false")]  # fmt: skip
         if data.filter(pl.col("panel") == ptitle).is_empty():  # say so on the chart (the caption says why)
             layers.append(_no_data())
         charts.append(alt.layer(*layers, title=ptitle if len(panels) > 1 else title))
@@ -451,7 +592,8 @@ def _bars(
     text_format: str = ".0f",
 ) -> alt.LayerChart:
     """Bars per model (in ``order``); grouped side by side by ``group`` (a color each) when given; each bar
-    labelled with ``text`` (a string column) or else its value."""
+    labelled with ``text`` (a string column) or else its value; error bars where the data has the 95% CI of
+    ``y`` (``<y>_ci_lo``, ``<y>_ci_hi``); bars faded where ``energy_window_ok`` is false."""
     base = alt.Chart(data).encode(
         x=alt.X("model:N", title="Model", sort=list(order), axis=alt.Axis(labelAngle=0)),
         y=alt.Y(f"{y}:Q", title=y_title),
@@ -462,9 +604,15 @@ def _bars(
     else:
         color = _color(order, legend=False)
     bars = base.mark_bar().encode(color=color, tooltip=list(data.columns))
+    if "energy_window_ok" in data.columns:  # a window too short to trust: the bar is faded
+        bars = bars.encode(opacity=alt.condition("datum.energy_window_ok === false", alt.value(0.35), alt.value(1.0)))
     label = alt.Text(f"{text}:N") if text else alt.Text(f"{y}:Q", format=text_format)
     labels = base.mark_text(baseline="bottom", dy=-3, fontSize=10).encode(text=label)
     layers = [bars, labels]
+    if f"{y}_ci_lo" in data.columns:
+        errors = base.mark_rule(strokeWidth=1.5, color="black").encode(y=alt.Y(f"{y}_ci_lo:Q", title=y_title),
+                                                                      y2=f"{y}_ci_hi:Q")  # fmt: skip
+        layers.append(errors.transform_filter(f"isValid(datum.{y}_ci_lo)"))
     if data.is_empty():
         layers.append(_no_data())
     return alt.layer(*layers).properties(title=title, width=420)
@@ -472,14 +620,17 @@ def _bars(
 
 # --- Figures 1 and 2: throughput/latency trade-offs ------------------------------------------------
 
+TRADEOFF = ("throughput_rps", "latency_mean_s")  # the trade-off figures' metrics (both with a CI)
+
 
 def throughput_latency(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     """Figure 1: throughput (requests/s) against mean latency, one point per batch size, a curve per
     model and GPU count."""
     runs, notes = _main_workload(ok_runs(summary))
     runs, order = _named(runs)
-    data = _finite(runs, ["throughput_rps", "latency_mean_s"]).select(
-        "model", "tp", "batch_size", "throughput_rps", "latency_mean_s",
+    runs = _finite(runs, TRADEOFF)
+    data = runs.select(
+        "model", "tp", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF),
         series=pl.col("model") + pl.lit(" · ") + pl.col("tp").cast(pl.String) + pl.lit(" GPU"),
         gpus=pl.col("tp").cast(pl.String),
     )  # fmt: skip
@@ -487,6 +638,7 @@ def throughput_latency(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
         data, title="Throughput and latency trade-off (Figure 1)", label="batch_size", order=order,
         shape="gpus", shape_title="GPUs",
     )  # fmt: skip
+    notes += point_notes(runs, TRADEOFF)
     return chart, caption(summary, "Figure 1: throughput vs mean end-to-end latency, labels = batch size", notes)
 
 
@@ -496,10 +648,12 @@ def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     are named in the caption with their reason."""
     runs, notes = _main_workload(_one_gpu(ok_runs(summary)))
     runs, order = _named(runs)
-    data = _finite(runs, ["throughput_rps", "latency_mean_s"]).select(
-        "model", "batch_size", "throughput_rps", "latency_mean_s", series=pl.col("model")
+    runs = _finite(runs, TRADEOFF)
+    data = runs.select(
+        "model", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
     )
     chart = _tradeoff(data, title="Families of similar size (Figure 2, left)", label="batch_size", order=order)
+    notes += point_notes(runs, TRADEOFF)
     if "family" in summary.columns:
         missing = [f for f in PAPER_FAMILIES if f not in set(summary["family"].drop_nulls().to_list())]
         notes += [f"{f}: no run in this summary (in the paper's Figure 2, left)" for f in missing]
@@ -520,37 +674,89 @@ def _output_model(summary: pl.DataFrame) -> str | None:
     return counts["model"][0]
 
 
-def output_lengths(summary: pl.DataFrame, model: str | None = None) -> tuple[alt.LayerChart, str]:
+def output_lengths(summary: pl.DataFrame, model: str | None = None) -> tuple[alt.HConcatChart, str]:
     """Figure 2 (right): OPT-6.7B throughput against mean latency, a series per arrival rate (inf, 100,
-    10 req/s), points labelled by output length (32-256). Where the summary holds a batch sweep per
-    (rate, output length), each point is the largest feasible batch (preferring runs without preemption):
-    the batch the KV cache allows, as in the paper."""
+    10 req/s), points labelled by output length (32-256); beside it the mechanism: the effective batch
+    (time-averaged running requests, vLLM's gauge) per output length, under the one batch every point
+    runs at (``--max-num-seqs`` = the one-GPU maximum, dashed). A summary with several batches per point
+    (a sweep) is reduced to the largest, preferring runs without preemption."""
     model = model or _output_model(summary)
     frame = _one_gpu(summary.filter(pl.col("model") == model)) if model else summary.head(0)
     runs = _largest_batch(ok_runs(frame), ["arrival_rate", "output_len"]) if not frame.is_empty() else frame
     runs, _ = _named(runs)
+    runs = _finite(runs, TRADEOFF).sort(["arrival_rate", "output_len"], descending=[True, False])
     rates = runs["arrival_rate"].cast(pl.Float64).unique().sort(descending=True).to_list() if runs.height else []
-    data = _finite(runs, ["throughput_rps", "latency_mean_s"]).select(
-        "model", "output_len", "batch_size", "throughput_rps", "latency_mean_s",
+    order = [_rate_label(r) for r in rates]
+    data = runs.select(
+        "model", "output_len", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF),
+        effective_batch=_float_or_null(runs, "effective_batch"), preemptions=_float_or_null(runs, "preemptions"),
         rate=pl.col("arrival_rate").cast(pl.Float64).map_elements(_rate_label, return_dtype=pl.String),
     ).with_columns(series=pl.col("rate"))  # fmt: skip
-    chart = _tradeoff(
-        data, title=f"Output length and arrival rate, {display_name(model or '')} (Figure 2, right)",
-        label="output_len", order=[_rate_label(r) for r in rates], color="rate", color_title="Arrival rate (req/s)",
-        log_x=False,
+    left = _tradeoff(
+        data, title="Throughput vs latency, labels = output length", label="output_len", order=order, color="rate",
+        color_title="Arrival rate (req/s)", log_x=False,
     )  # fmt: skip
-    per_out = data.group_by("output_len").agg(pl.col("batch_size").unique().sort()).sort("output_len")
-    used = ", ".join(
-        f"{r['output_len']} tokens: {'/'.join(map(str, r['batch_size']))}" for r in per_out.iter_rows(named=True)
+    chart = alt.hconcat(left, _effective_batch_panel(data, order)).properties(
+        title=f"Output length and arrival rate, {display_name(model or '')} (Figure 2, right)"
     )
     notes = [
         "Arrival times from a Poisson process at the given rate (inf: all requests at once), as in the paper.",
-        "Each point is the largest feasible batch of the sweep, preferring runs without preemption (batch per output "
-        f"length: {used or 'none'}); the paper let vLLM batch as many requests as the KV cache holds.",
-    ]
-    return chart, caption(
-        frame, "Figure 2 (right): throughput vs mean latency by output length (labels) and arrival rate", notes
+        *_output_batch_notes(runs), *point_notes(runs, TRADEOFF, _outlen_point),
+    ]  # fmt: skip
+    what = "Figure 2 (right): throughput vs mean latency by output length (labels) and arrival rate; effective batch"
+    return chart, caption(frame, what, notes)
+
+
+def _float_or_null(runs: pl.DataFrame, col: str) -> pl.Expr:
+    return pl.col(col).cast(pl.Float64) if col in runs.columns else pl.lit(None, pl.Float64)
+
+
+def _outlen_point(row: Mapping[str, Any]) -> str:
+    return f"{row['output_len']} tokens at {_rate_label(row.get('arrival_rate'))} req/s"
+
+
+def _effective_batch_panel(data: pl.DataFrame, order: Sequence[str]) -> alt.LayerChart:
+    """Effective batch against output length (log2 axis), a line per arrival rate; dashed: the batch limit."""
+    lens = sorted(set(data["output_len"].to_list()))
+    title = "Effective batch (mean running requests)"
+    x = alt.X("output_len:Q", title="Output length (tokens)", scale=alt.Scale(type="log", base=2),
+              axis=alt.Axis(values=lens, format="d") if lens else alt.Axis(format="d"))  # fmt: skip
+    base = alt.Chart(data).encode(x=x, color=_color(order, "rate", "Arrival rate (req/s)"))
+    measured = base.transform_filter("isValid(datum.effective_batch)").encode(y=alt.Y("effective_batch:Q", title=title))
+    layers = [
+        alt.Chart(data).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.Y("batch_size:Q", title=title)),
+        measured.mark_line().encode(detail="series:N", order="output_len:Q"),
+        measured.mark_point(filled=True, size=50).encode(tooltip=["rate", "output_len", "batch_size", "effective_batch",
+                                                                  "preemptions"]),
+    ]  # fmt: skip
+    if data["effective_batch"].is_null().all():
+        layers.append(_no_data())
+    return alt.layer(*layers, title="Effective batch (dashed: --max-num-seqs)")
+
+
+def _output_batch_notes(runs: pl.DataFrame) -> list[str]:
+    """The batch every point ran at and the effective batch per point (the right panel)."""
+    batches = values(runs, "batch_size")
+    if len(batches) == 1:
+        notes = [
+            f"One batch for every point: vLLM started with --max-num-seqs = {batches[0]} (the one-GPU maximum of "
+            "the KV-cache probe); the paper let vLLM batch as many requests as the KV cache holds."
+        ]
+    else:
+        per = "; ".join(f"{_outlen_point(r)}: {r['batch_size']}" for r in runs.iter_rows(named=True))
+        notes = [f"Batch (--max-num-seqs) per point, the largest measured, runs without preemption preferred: "
+                 f"{per or 'none'}."]  # fmt: skip
+    if "effective_batch" not in runs.columns or runs["effective_batch"].is_null().all():
+        return [*notes, "Effective batch: not recorded in this summary (right panel empty)."]
+    per = "; ".join(
+        f"{_outlen_point(r)}: {r['effective_batch']:.1f}" for r in runs.iter_rows(named=True)
+        if r["effective_batch"] is not None
+    )  # fmt: skip
+    effective = (
+        "Effective batch (right panel) = time average of vLLM's running-requests gauge (/metrics, polled at 1 Hz) "
+        f"over the run: the batch vLLM actually ran, per point: {per}."
     )
+    return [*notes, effective]
 
 
 # --- Figures 3, 8 and extras: metrics against batch size -------------------------------------------
@@ -565,7 +771,13 @@ def _batch_figure(
     runs, order = _named(runs)
     data = _batch_long(runs, panels)
     chart = _batch_lines(data, panels, title=title, order=order, y_log=y_log)
-    telemetry = [c for _, _, cols in panels for c in cols.values() if c not in ("throughput_rps", "latency_mean_s")]
+    metrics = [c for _, _, cols in panels for c in cols.values()]
+    telemetry = [c for c in metrics if c not in ("throughput_rps", "latency_mean_s")]
+    plotted = _finite(runs, ["batch_size"]).filter(pl.any_horizontal(pl.col(c).is_not_null() for c in metrics)) \
+        if set(metrics) <= set(runs.columns) else runs.head(0)  # fmt: skip
+    notes = [*notes, *point_notes(plotted, metrics)]
+    if "energy_per_token_j" in metrics:
+        notes += _energy_note(plotted)
     return chart, caption(frame, what, left_out + notes, telemetry=telemetry)
 
 
@@ -636,25 +848,49 @@ def power(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     without preemptions preferred), each bar labelled with that batch size."""
     frame = _one_gpu(summary)
     runs, left_out = _main_workload(ok_runs(frame))
-    runs = _largest_batch(_finite(runs, ["power_w_mean"]), ["model"]) if runs.height else runs
+    candidates = _finite(runs, ["power_w_mean"])
+    runs = _largest_batch(candidates, ["model"]) if runs.height else runs
     runs, order = _named(runs)
     data = _finite(runs, ["power_w_mean"]).select(
-        "model", "batch_size", "power_w_mean", label=pl.lit("bs ") + pl.col("batch_size").cast(pl.String)
-    )
+        "model", "batch_size", "power_w_mean", *_ci_cols(runs, ["power_w_mean"]),
+        label=pl.lit("bs ") + pl.col("batch_size").cast(pl.String),
+    )  # fmt: skip
     chart = _bars(
         data, y="power_w_mean", y_title="Average power (W)", order=order, text="label",
         title="Average GPU power at the largest batch (Figure 4)",
     )  # fmt: skip
-    chosen = ", ".join(f"{r['model']}: batch {r['batch_size']}" for r in data.iter_rows(named=True))
     notes = [
-        *left_out,
-        "Batch = the largest measured feasible batch on one GPU, preferring runs without preemption "
-        f"({chosen or 'none'}); the paper used the Table 1 maximum of a 40 GB A100.",
+        *left_out, *_power_rule(candidates, runs),
         "Power: mean of NVML power readings over the window (on Hopper the driver's ~1 s moving average).",
-    ]
+        *point_notes(_finite(runs, ["power_w_mean"]), ["power_w_mean"]),
+    ]  # fmt: skip
     return chart, caption(
         frame, "Figure 4: average GPU power (W) at the largest batch per model", notes, ["power_w_mean"]
     )
+
+
+def _power_rule(candidates: pl.DataFrame, chosen: pl.DataFrame) -> list[str]:
+    """Figure 4's rule for "largest batch", the batch it chose per model and the larger runs it skipped."""
+    fits = f" (the sweep's configured fit rule, engine.fits: {', '.join(values(candidates, 'fits'))})" \
+        if values(candidates, "fits") else ""  # fmt: skip
+    rule = (
+        f"Batch rule: among the runs measured on one GPU{fits}, the largest batch without preemptions (the "
+        "no-preemption rule applied to the measured runs); a model all of whose runs preempted gets its largest "
+        "batch. The paper used the Table 1 maximum of a 40 GB A100."
+    )
+    if chosen.is_empty():
+        return [rule, "Chosen: none."]
+    names = model_names(candidates)
+    size = {name: params for name, params in names.values()}
+    chosen = chosen.sort(pl.col("model").replace_strict(size, default=math.inf, return_dtype=pl.Float64))
+    chosen_at = dict(zip(chosen["model"], chosen["batch_size"], strict=True))
+    picked = ", ".join(f"{m}: batch {b}" for m, b in chosen_at.items())
+    skipped = [
+        f"{names[r['model']][0]} b={r['batch_size']} ({r['preemptions']:g} preemptions)"
+        for r in candidates.sort("model", "batch_size").iter_rows(named=True)
+        if r["batch_size"] > chosen_at.get(names[r["model"]][0], math.inf)
+    ]
+    return [rule, f"Chosen: {picked}.", f"Skipped (larger batches with preemptions): {', '.join(skipped) or 'none'}."]
 
 
 # --- Figures 5-7 and extra: replication ------------------------------------------------------------
@@ -662,8 +898,11 @@ def power(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
 
 def _replication_notes(summary: pl.DataFrame) -> list[str]:
     notes = [
-        "Replicas of one model share one GPU, each with an equal share of 90% of its memory; the requests are "
-        "split evenly; throughput = sum over replicas, latency = the largest replica mean (as in the paper).",
+        "Replicas of one model share one GPU, each with an equal share of the configured memory share; the "
+        "requests are split evenly and sent at once; latency = the largest replica mean (as in the paper).",
+        "Throughput plotted: the system throughput = all replicas' completed requests / (last end - first send "
+        "on the replicas' common clock). The paper summed each replica's own rate (throughput_sum_rps), which "
+        "exceeds the system throughput when replicas finish at different times.",
     ]
     if "batch_per_replica" in summary.columns:
         names = model_names(summary)
@@ -689,30 +928,53 @@ def _replication_notes(summary: pl.DataFrame) -> list[str]:
     return notes
 
 
+def _system_vs_sum(runs: pl.DataFrame) -> list[str]:
+    """Per model: system throughput and the sum of per-replica rates at each replica count."""
+    if "throughput_sum_rps" not in runs.columns or runs["throughput_sum_rps"].is_null().all():
+        return ["Sum of per-replica rates: not recorded in this summary."]
+    per = []
+    size = {name: params for name, params in model_names(runs).values()}
+    runs = runs.sort(pl.col("model").replace_strict(size, default=math.inf, return_dtype=pl.Float64), "replicas")
+    for (model,), rows in runs.group_by("model", maintain_order=True):
+        pairs = ", ".join(
+            f"×{r['replicas']} {r['throughput_rps']:.1f} / {r['throughput_sum_rps']:.1f}"
+            for r in rows.iter_rows(named=True) if r["throughput_sum_rps"] is not None
+        )  # fmt: skip
+        per.append(f"{model}: {pairs}")
+    return [f"System throughput / sum of per-replica rates (req/s): {'; '.join(per)}."]
+
+
 def replication_tradeoff(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
-    """Figure 5: throughput against latency per model, points labelled by the number of replicas."""
+    """Figure 5: system throughput against latency per model, points labelled by the number of replicas."""
     runs, order = _named(ok_runs(summary))
-    data = _finite(runs, ["throughput_rps", "latency_mean_s"]).select(
-        "model", "replicas", "throughput_rps", "latency_mean_s", series=pl.col("model")
+    runs = _finite(runs, TRADEOFF)
+    data = runs.select(
+        "model", "replicas", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
     )
     chart = _tradeoff(
         data, title="Model replication: throughput and latency (Figure 5)", label="replicas", order=order,
         log_x=False,
     )  # fmt: skip
-    what = "Figure 5: throughput vs mean latency with 1-3 replicas per model on one GPU, labels = replicas"
-    return chart, caption(summary, what, _replication_notes(summary))
+    what = "Figure 5: system throughput vs mean latency with 1-3 replicas per model on one GPU, labels = replicas"
+    notes = [*_replication_notes(summary), *_system_vs_sum(runs), *point_notes(runs, TRADEOFF)]
+    return chart, caption(summary, what, notes)
 
 
 def _replication_bars(
     summary: pl.DataFrame, y: str, y_title: str, title: str, what: str, notes: Sequence[str] = ()
 ) -> tuple[alt.LayerChart, str]:
     runs, order = _named(ok_runs(summary))
-    data = _finite(runs, [y]).select("model", "replicas", y)
+    runs = _finite(runs, [y])
+    energy = y == "energy_per_token_j"
+    cis = _ci_cols(runs, [y]) if y in CI_METRICS else []
+    window = [_window_ok(runs).alias("energy_window_ok")] if energy else []
+    data = runs.select("model", "replicas", y, *cis, *window)
     chart = _bars(
         data, y=y, y_title=y_title, title=title, order=order, group="replicas", group_title="Replicas",
-        text_format=".2g" if y == "energy_per_token_j" else ".0f",
+        text_format=".2g" if energy else ".0f",
     )  # fmt: skip
-    return chart, caption(summary, what, [*_replication_notes(summary), *notes], telemetry=[y])
+    notes = [*_replication_notes(summary), *notes, *point_notes(runs, [y]), *(_energy_note(runs) if energy else [])]
+    return chart, caption(summary, what, notes, telemetry=[y])
 
 
 def replication_gpu_util(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:

@@ -20,9 +20,10 @@ from slmserve import capacity
 from slmserve.figures import engines, hardware, model_names, values
 
 RULE_NOTE = (
-    "A batch fits when every request's prompt ({input_len} tokens) is resident in the KV cache beside the "
-    "fp16 weights (vLLM's rule for admitting a request; output blocks are allocated as tokens are "
-    "generated, and runs record vLLM's preemptions). Powers of two, capped at 512."
+    "Two rules for when a batch fits the KV cache beside the fp16 weights. Admission: every request's prompt "
+    "({input_len} tokens) is resident (vLLM's rule for admitting a request; output blocks are allocated as tokens "
+    "are generated, and when they run out vLLM preempts, which the runs record). No preemption: every request's "
+    "prompt and all its output ({input_len} + {output_len} tokens) are resident at once. Powers of two, capped at 512."
 )
 RULE_NOTE_PLACEHOLDER = "[Rule for 'fits': to be stated by the caller.]"
 NO_BUDGET = "budget"  # the budget columns' label when no budget is configured
@@ -62,7 +63,9 @@ def _row(
         "analytic_max_batch": analytic.get("admission"),
         "analytic_max_batch_no_preemption": analytic.get("no_preemption"),
         "measured_max_batch_budget": budget.get("max_batch_admission"),
+        "measured_max_batch_no_preemption_budget": budget.get("max_batch_no_preemption"),
         "measured_max_batch_whole": whole.get("max_batch_admission"),
+        "measured_max_batch_no_preemption_whole": whole.get("max_batch_no_preemption"),
         "kv_tokens_budget": budget.get("kv_cache_tokens"),
         "kv_tokens_whole": whole.get("kv_cache_tokens"),
         "budget_gb": budget_gb,
@@ -70,6 +73,9 @@ def _row(
         "engine": prov.get("engine"),
         "engine_version": prov.get("engine_version"),
         "probe_profile": _profiles(whole, budget),
+        "fits": (prov.get("config") or {}).get("fits"),
+        "input_len": workload.get("input_len"),
+        "output_len": workload.get("output_len"),
     }
 
 
@@ -109,34 +115,52 @@ def _budget(df: pl.DataFrame) -> str:
     return "/".join(f"{b:g}" for b in budgets) + " GB" if budgets else NO_BUDGET
 
 
-def _columns(budget: str) -> list[str]:
-    return ["Model", "Parameters", "fp16 weights", "paper (A100 40 GB)", f"analytic ({budget})",
-            f"measured ({budget} emulated)", "measured (whole GPU)"]  # fmt: skip
+# (column, header): the batch columns of Table 1, after Model, Parameters and fp16 weights; "{b}" is the budget.
+BATCH_COLUMNS = (
+    ("paper_max_batch", "paper (A100 40 GB)"),
+    ("analytic_max_batch", "analytic {b}: admission"),
+    ("analytic_max_batch_no_preemption", "analytic {b}: no preemption"),
+    ("measured_max_batch_budget", "measured {b} emulated: admission"),
+    ("measured_max_batch_no_preemption_budget", "measured {b} emulated: no preemption"),
+    ("measured_max_batch_whole", "measured whole GPU: admission"),
+    ("measured_max_batch_no_preemption_whole", "measured whole GPU: no preemption"),
+)
+# The CSV's extra columns (the Markdown gives them in the note).
+KV_COLUMNS = (
+    ("kv_tokens_budget", "KV-cache tokens ({b} emulated)"),
+    ("kv_tokens_whole", "KV-cache tokens (whole GPU)"),
+)
 
 
-def _text_row(r: Mapping[str, Any], columns: Sequence[str], names: Mapping[str, tuple[str, float]]) -> dict:
+def _columns(budget: str, extra: Sequence[tuple[str, str]] = ()) -> list[str]:
+    return ["Model", "Parameters", "fp16 weights"] + [h.format(b=budget) for _, h in (*BATCH_COLUMNS, *extra)]
+
+
+def _text_row(
+    r: Mapping[str, Any], columns: Sequence[str], names: Mapping[str, tuple[str, float]],
+    extra: Sequence[tuple[str, str]] = (),
+) -> dict:  # fmt: skip
     name, size = names.get(r["model"], (r["model"], math.inf))
-    cells = (
-        name, r.get("params") or _MISSING, _weights(r.get("weights_gb")), _batch(r.get("paper_max_batch")),
-        _batch(r.get("analytic_max_batch")), _batch(r.get("measured_max_batch_budget")),
-        _batch(r.get("measured_max_batch_whole")),
-    )  # fmt: skip
+    cells = [name, r.get("params") or _MISSING, _weights(r.get("weights_gb"))]
+    cells += [_batch(r.get(key)) for key, _ in (*BATCH_COLUMNS, *extra)]
     return {**dict(zip(columns, cells, strict=True)), "_size": size}
 
 
-def table(df: pl.DataFrame) -> pl.DataFrame:
+def table(df: pl.DataFrame, extra: Sequence[tuple[str, str]] = ()) -> pl.DataFrame:
     """Table 1 as strings, ordered by model size: Model, Parameters, fp16 weights, the paper's maximum
-    batch (A100 40 GB), the analytic one for the memory budget, the measured ones (budget emulated; whole GPU)."""
-    columns = _columns(_budget(df))
+    batch (A100 40 GB), then by each rule (admission, no preemption) the analytic one for the memory budget
+    and the measured ones (budget emulated; whole GPU); then the ``extra`` (column, header) pairs."""
+    columns = _columns(_budget(df), extra)
     names = model_names(df)
-    rows = [_text_row(r, columns, names) for r in df.iter_rows(named=True)]
+    rows = [_text_row(r, columns, names, extra) for r in df.iter_rows(named=True)]
     if not rows:
         return pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
     return pl.DataFrame(rows).sort("_size", "Model", maintain_order=True).drop("_size")
 
 
 def to_csv(df: pl.DataFrame) -> str:
-    return table(df).write_csv()
+    """Every column of the Markdown table and the KV-cache capacities in tokens."""
+    return table(df, KV_COLUMNS).write_csv()
 
 
 def _measured_note(df: pl.DataFrame, budget: str) -> str:
@@ -186,6 +210,55 @@ def _kv_line(df: pl.DataFrame, budget: str, names: Mapping[str, tuple[str, float
     return [f"KV-cache capacity in tokens ({budget} / whole GPU): {kv}."] if kv else []
 
 
+def _matches(df: pl.DataFrame, column: str) -> tuple[list[str], list[str]]:
+    """The models whose paper value equals ``column``'s, and those where it differs (``name paper vs x``)."""
+    if column not in df.columns or "paper_max_batch" not in df.columns:
+        return [], []
+    names = model_names(df)
+    rows = [r for r in df.iter_rows(named=True) if r["paper_max_batch"] is not None and r[column] is not None]
+    same = [names[r["model"]][0] for r in rows if r["paper_max_batch"] == r[column]]
+    differ = [
+        f"{names[r['model']][0]} {r['paper_max_batch']} vs {r[column]}"
+        for r in rows
+        if r["paper_max_batch"] != r[column]
+    ]
+    return same, differ
+
+
+def _paper_rule(df: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> list[str]:
+    """Which rule the paper's Table 1 follows (by the analytic values), and where its text disagrees."""
+    adm, adm_diff = _matches(df, "analytic_max_batch")
+    nop, nop_diff = _matches(df, "analytic_max_batch_no_preemption")
+    n = len(adm) + len(adm_diff)
+    if not n:
+        return []
+    line = (
+        f"The paper's Table 1 values equal the analytic admission rule for {len(adm)} of {n} models"
+        + (f" (differs: {', '.join(adm_diff)})" if adm_diff else "")
+        + f" and the no-preemption rule for {len(nop)} of {n}"
+        + (f" (paper vs no preemption: {', '.join(nop_diff)})" if nop_diff else "")
+        + "."
+    )
+    lens = values(df, "input_len"), values(df, "output_len")
+    if len(lens[0]) == 1 and len(lens[1]) == 1 and nop_diff:
+        i, o = lens[0][0], lens[1][0]
+        line += (
+            f" The paper's text (section 3.2) says each request needs up to {i + o} tokens ({i} + {o}) of KV cache, "
+            "the no-preemption rule, which its Table 1 does not follow."
+        )
+    return [line]
+
+
+def _configured_rule(df: pl.DataFrame) -> list[str]:
+    """The rule the probes' configuration uses to pick a batch for the runs (engine.fits)."""
+    rules = values(df, "fits")
+    return (
+        [f"Rule the workflow uses for its runs (engine.fits in the probes' configuration): {', '.join(rules)}."]
+        if rules
+        else []
+    )
+
+
 def to_markdown(df: pl.DataFrame, rule_note: str = RULE_NOTE_PLACEHOLDER) -> str:
     """Table 1 as a Markdown table and a note under it: GPU, engine, memory budget, the probes still
     missing, KV-cache capacity and ``rule_note`` (the rule for "fits": :data:`RULE_NOTE` with the workload)."""
@@ -196,6 +269,6 @@ def to_markdown(df: pl.DataFrame, rule_note: str = RULE_NOTE_PLACEHOLDER) -> str
     budget, names = _budget(df), model_names(df)
     notes = [
         _measured_note(df, budget), *_not_probed(df, budget, names), *_profiles_line(df, names),
-        *_kv_line(df, budget, names), rule_note,
+        *_kv_line(df, budget, names), rule_note, *_paper_rule(df, names), *_configured_rule(df),
     ]  # fmt: skip
     return "\n".join([head, align, *body, "", *notes]) + "\n"
