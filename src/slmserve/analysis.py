@@ -116,6 +116,7 @@ def _run_row(meta: Mapping[str, Any], path: str, models: Mapping[str, Any] | Non
         "input_len": run["input_len"],
         "arrival_rate": run["arrival_rate"],
         "batch_control": run["batch_control"],
+        "fits": run.get("fits"),
         "prompt_ids_folded_into_vocab": (run.get("extra") or {}).get("prompt_ids_folded_into_vocab"),
         "engine_args": " ".join(run.get("engine_args") or []) or None,
         "status": meta["status"],
@@ -210,7 +211,7 @@ def summarize_runs(paths: Iterable[str | os.PathLike[str]], models: Mapping[str,
 # ``<m>_ci_hi`` the sample SD and the 95% CI (:mod:`slmserve.stats`); ``n_repeats`` counts the repeats.
 CI_METRICS = (
     "throughput_rps", "output_tok_s", "throughput_sum_rps", "latency_mean_s", "latency_p50_s", "latency_p99_s",
-    "ttft_mean_s", "tpot_mean_s", "power_w_mean", "energy_per_token_j",
+    "ttft_mean_s", "tpot_mean_s", "power_w_mean", "energy_per_token_j", "gpu_util_mean",
 )  # fmt: skip
 _WORST_LOW = ("n_ok", "peak_inflight", "n_samples")  # per-repeat counts: the point reports the smallest
 
@@ -221,8 +222,8 @@ def _agg(col: str, dtype: pl.DataType) -> pl.Expr:
         return c.min()
     if col == "n_error":
         return c.max()
-    if dtype == pl.Boolean:
-        return c.all()
+    if dtype == pl.Boolean:  # a point without repeats (not measured) keeps a null flag
+        return pl.when(c.count() > 0).then(c.all())
     if dtype.is_float():
         return c.mean()
     return c.first()
