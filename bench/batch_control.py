@@ -10,9 +10,11 @@ starts one server (``--max-num-seqs`` = the largest batch) and repeats the batch
 batch 1: 64 (a 500-request run at batch 1 takes minutes; stated in the output). Results:
 ``DIR/<model>/<mode>/bs<b>.{requests,telemetry}.parquet`` with provenance, as the workflow writes them.
 
-``compare`` prints, per model and batch, each mode's mean throughput (req/s) with n and its 95% CI, and
-the ratio scheduler/restart with its 95% CI (:func:`slmserve.stats.ratio_ci`); the modes agree where the
-CI contains 1 and its half-width is at most 3%. It writes ``DIR/compare.csv``.
+``compare`` prints, per model, restart variant (``restart``, or ``restart-graphs<N>`` measured with
+``--graphs N`` = ``--max-cudagraph-capture-size`` on every server) and batch, each mode's mean throughput
+(req/s) with n and its 95% CI, and the ratio scheduler/restart with its 95% CI
+(:func:`slmserve.stats.ratio_ci`); the modes agree where the CI contains 1 and its half-width is at most 3%.
+It writes ``DIR/compare.csv``.
 """
 
 from __future__ import annotations
@@ -31,21 +33,22 @@ from slmserve import analysis, runner, stats
 MODELS = {"opt125m": "config/models/opt-125m", "opt1.3b": "config/models/opt-1.3b", "opt2.7b": "config/models/opt-2.7b"}
 
 
-def sweep_job(model: str, mode: str, prompts: Path, out: Path, batches: list[int], repeats: int) -> runner.SweepJob:
-    base = out / model / mode
+def sweep_job(model: str, mode: str, prompts: Path, out: Path, batches: list[int], repeats: int,
+              graphs: int | None = None) -> runner.SweepJob:  # fmt: skip
+    base = out / model / (mode if graphs is None else f"{mode}-graphs{graphs}")
     return runner.SweepJob(
         model=model, model_path=MODELS[model], load_format="dummy", tensor_parallel=1, batch_sizes=batches,
         prompts_path=prompts, outputs={b: (base / f"bs{b}.requests.parquet", base / f"bs{b}.telemetry.parquet")
                                        for b in batches},
         log_dir=out / "logs" / model / mode, input_len=512, output_len=256, num_requests=500,
         rounds_per_batch=64, min_requests=64, warmup_requests=8, batch_control=mode, repeats=repeats,
-        stream_interval=16, profile="bench-batch-control",
+        stream_interval=16, profile="bench-batch-control", max_cudagraph_capture_size=graphs,
     )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> None:
     for mode in args.modes:
-        job = sweep_job(args.model, mode, args.prompts, args.out, args.batches, args.repeats)
+        job = sweep_job(args.model, mode, args.prompts, args.out, args.batches, args.repeats, args.graphs)
         if all(paths[0].exists() for paths in job.outputs.values()):
             print(f"== {args.model} {mode}: already measured", flush=True)
             continue
@@ -57,11 +60,16 @@ def compare(args: argparse.Namespace) -> pl.DataFrame:
     paths = sorted(str(p) for p in args.out.glob("*/*/bs*.requests.parquet"))
     rows = pl.DataFrame([r for p in paths for r in analysis.summarize_repeats(p)], infer_schema_length=None)
     rows = rows.filter(pl.col("status") == "ok")
-    rows = rows.with_columns(mode=pl.col("path").str.extract(r"/(scheduler|restart|client)/bs"))
+    rows = rows.with_columns(mode=pl.col("path").str.extract(r"/(scheduler|restart|client)[^/]*/bs"),
+                             variant=pl.col("path").str.extract(r"/(restart[^/]*)/bs"))  # fmt: skip
     out = []
-    for (model, batch), g in rows.group_by("model", "batch_size", maintain_order=True):
-        by = {m: g.filter(pl.col("mode") == m)["throughput_rps"].to_list() for m in ("scheduler", "restart")}
-        row = {"model": model, "batch_size": batch}
+    sched = rows.filter(pl.col("mode") == "scheduler")
+    for (model, variant, batch), g in rows.filter(pl.col("mode") == "restart").group_by(
+        "model", "variant", "batch_size", maintain_order=True
+    ):
+        ref = sched.filter(pl.col("model") == model, pl.col("batch_size") == batch)
+        by = {"scheduler": ref["throughput_rps"].to_list(), "restart": g["throughput_rps"].to_list()}
+        row = {"model": model, "restart": variant, "batch_size": batch}
         for mode, xs in by.items():
             s = stats.describe(xs)
             row.update({f"{mode}_n": s["n"], f"{mode}_mean": s["mean"], f"{mode}_ci_lo": s["ci_lo"],
@@ -71,7 +79,7 @@ def compare(args: argparse.Namespace) -> pl.DataFrame:
                    agree=ratio["ci_lo"] is not None and ratio["ci_lo"] <= 1 <= ratio["ci_hi"]
                    and (ratio["ci_hi"] - ratio["ci_lo"]) / 2 <= 0.03)  # fmt: skip
         out.append(row)
-    frame = pl.DataFrame(out).sort("model", "batch_size")
+    frame = pl.DataFrame(out).sort("model", "restart", "batch_size")
     frame.write_csv(args.out / "compare.csv")
     with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=220, float_precision=3):
         print(frame)
@@ -88,6 +96,7 @@ def main() -> int:
     r.add_argument("--modes", nargs="+", default=["scheduler", "restart"], choices=runner.MODES)
     r.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256, 512])
     r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--graphs", type=int, default=None, help="--max-cudagraph-capture-size of every server")
     c = sub.add_parser("compare")
     c.add_argument("out", type=Path)
     args = ap.parse_args()

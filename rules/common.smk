@@ -110,6 +110,8 @@ def job_params(model, tp=1, out=None, rate=None, batch_sizes=()):
         # only when set: a new key would make Snakemake's params trigger re-run finished jobs
         **({"engine_args": list(entry["engine_args"])} if entry.get("engine_args") else {}),
         **({"repeats": WL["repeats"], "repeat_budget_s": WL["repeat_budget_s"]} if WL["repeats"] > 1 else {}),
+        **({"max_cudagraph_capture_size": eng["max_cudagraph_capture_size"]}
+           if eng["max_cudagraph_capture_size"] else {}),
         **{k: eng[k] for k in ("batch_control", "memory_share", "memory_budget_gb", "max_model_len",
                                "dtype", "startup_timeout_s", "cpu_kv_cache_gb", "stream_interval", "fits")},
     }  # fmt: skip

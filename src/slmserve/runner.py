@@ -70,6 +70,9 @@ class SweepJob:
     cpu_kv_cache_gb: float = 2.0
     stream_interval: int | None = None
     fits: str = "admission"  # or "no_preemption": when a batch counts as fitting the KV cache
+    # CUDA-graph sizes: None = vLLM's default, 2 x --max-num-seqs up to 512 (so a restart server per batch
+    # captures fewer graphs than a sweep-wide one); a number gives every server of the job the same sizes.
+    max_cudagraph_capture_size: int | None = None
     stream: bool = True  # False: non-streaming requests (no TTFT), the cheapest client
     telemetry_interval_s: float = 0.1
     telemetry_enabled: bool = True
@@ -88,8 +91,9 @@ class SweepJob:
         d = asdict(self)
         for key in ("outputs", "prompts_path", "log_dir"):
             d.pop(key)
-        if not d["engine_args"]:  # keeps the description (and config hash) of runs from before the field
-            d.pop("engine_args")
+        for key in ("engine_args", "max_cudagraph_capture_size"):  # unset: as runs made before the field
+            if not d[key]:
+                d.pop(key)
         return d
 
 
@@ -209,6 +213,7 @@ def server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) -
         dtype=job.dtype,
         stream_interval=job.stream_interval,
         scheduler_cls=scheduler,
+        max_cudagraph_capture_size=job.max_cudagraph_capture_size,
         env=alloc.env(),
         startup_timeout_s=job.startup_timeout_s,
         extra_args=tuple(job.engine_args),

@@ -166,6 +166,7 @@ class ServerSpec:
     enable_prefix_caching: bool = False
     stream_interval: int | None = None
     scheduler_cls: str | None = None
+    max_cudagraph_capture_size: int | None = None
     extra_args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 900.0
@@ -197,6 +198,8 @@ class ServerSpec:
             args += ["--stream-interval", str(self.stream_interval)]
         if self.scheduler_cls is not None:
             args += ["--scheduler-cls", self.scheduler_cls]
+        if self.max_cudagraph_capture_size is not None:
+            args += ["--max-cudagraph-capture-size", str(self.max_cudagraph_capture_size)]
         return [*args, *self.extra_args]
 
 
