@@ -63,7 +63,7 @@ def compare(args: argparse.Namespace) -> pl.DataFrame:
     rows = rows.with_columns(mode=pl.col("path").str.extract(r"/(scheduler|restart|client)[^/]*/bs"),
                              variant=pl.col("path").str.extract(r"/(restart[^/]*)/bs"))  # fmt: skip
     out = []
-    sched = rows.filter(pl.col("mode") == "scheduler")
+    sched = rows.filter(pl.col("path").str.contains("/scheduler/"))  # the plain scheduler runs, no variant
     for (model, variant, batch), g in rows.filter(pl.col("mode") == "restart").group_by(
         "model", "variant", "batch_size", maintain_order=True
     ):

@@ -220,7 +220,7 @@ def _agg(col: str, dtype: pl.DataType) -> pl.Expr:
     c = pl.col(col)
     if col in _WORST_LOW:
         return c.min()
-    if col == "n_error":
+    if col == "n_error" or col.endswith("_max"):
         return c.max()
     if dtype == pl.Boolean:  # a point without repeats (not measured) keeps a null flag
         return pl.when(c.count() > 0).then(c.all())

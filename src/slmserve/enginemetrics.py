@@ -60,8 +60,11 @@ def labels(text: str, name: str) -> dict[str, str]:
     return {}
 
 
-def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """``after - before`` per counter (a counter absent before counts from 0)."""
+def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
+    """``after - before`` per counter (a counter absent before counts from 0); None if either read failed
+    (empty), rather than counting a long-running server's totals as this run's."""
+    if not before or not after:
+        return None
     return {k: after[k] - before.get(k, 0.0) for k in sorted(after)}
 
 
@@ -77,9 +80,8 @@ class GaugePoller:
 
     def _run(self) -> None:
         while True:
-            t = time.monotonic()
-            values = parse(fetch(self.base_url, timeout=self.interval_s))
-            self.samples.append((t, values.get(RUNNING), values.get(WAITING)))
+            values = parse(fetch(self.base_url, timeout=5.0))  # a busy API server may answer late
+            self.samples.append((time.monotonic(), values.get(RUNNING), values.get(WAITING)))
             if self._stop.wait(self.interval_s):
                 return
 

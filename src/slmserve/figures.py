@@ -304,6 +304,11 @@ def _batch_notes(summary: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
             "Batch held by a client-side concurrency limit on one server per model (batch_control: client), "
             "not by restarting vLLM with --max-num-seqs = batch as the paper did."
         )
+    if "scheduler" in values(summary, "batch_control"):
+        notes.append(
+            "Batch capped in vLLM's scheduler on one server per sweep (batch_control: scheduler; --max-num-seqs = "
+            "the largest batch), all requests sent at once; the paper restarted vLLM with --max-num-seqs = batch."
+        )
     if len(values(ok, "n_ok")) > 1:
         notes.append(
             "Small batches measured fewer requests (workload.rounds_per_batch), as listed above. With every "

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from slmserve.server import install_signal_handlers
+from slmserve.server import install_signal_handlers, terminating
 
 WATCH_S = 2.0
 
@@ -53,6 +53,8 @@ def _ancestors() -> list[psutil.Process]:
 
 def _watch(ancestors: list[psutil.Process], stop: threading.Event) -> None:
     while not stop.wait(WATCH_S):
+        if terminating():  # already stopping: a second signal must not cut the cleanup short
+            return
         for proc in ancestors:
             if not proc.is_running():  # also false for a recycled PID (psutil compares start times)
                 os.kill(os.getpid(), signal.SIGTERM)

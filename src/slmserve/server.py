@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -95,10 +96,23 @@ class Terminated(BaseException):
         super().__init__(f"terminated by {signal.Signals(signum).name}")
 
 
+_TERMINATING = threading.Event()
+
+
+def terminating() -> bool:
+    """Whether this process has been told to stop (its first SIGTERM or SIGINT)."""
+    return _TERMINATING.is_set()
+
+
 def install_signal_handlers() -> None:
-    """Turn SIGTERM and SIGINT into :class:`Terminated` in the main thread (idempotent)."""
+    """Turn the first SIGTERM or SIGINT after this call into :class:`Terminated` in the main thread; later
+    ones are ignored, so they cannot interrupt the cleanup that stops the servers."""
+    _TERMINATING.clear()
 
     def _raise(signum: int, _frame: FrameType | None) -> None:
+        if _TERMINATING.is_set():
+            return
+        _TERMINATING.set()
         raise Terminated(signum)
 
     signal.signal(signal.SIGTERM, _raise)

@@ -1,0 +1,69 @@
+"""Repeats and their statistics: the t-interval, the ratio of means, the repeat rule, a point's summary
+from its repeats, and vLLM's counters around a run."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+from scipy import stats as st
+
+from slmserve import analysis, enginemetrics, stats
+from slmserve.runner import wants_repeat
+
+
+def test_describe_is_the_student_t_interval() -> None:
+    xs = [10.0, 12.0, 11.0, 13.0]
+    d = stats.describe(xs)
+    lo, hi = st.t.interval(0.95, len(xs) - 1, loc=11.5, scale=st.sem(xs))
+    assert d["n"] == 4 and d["mean"] == pytest.approx(11.5) and d["sd"] == pytest.approx(math.sqrt(5 / 3))
+    assert (d["ci_lo"], d["ci_hi"]) == (pytest.approx(lo), pytest.approx(hi))
+    one = stats.describe([3.0, None])
+    assert one["n"] == 1 and one["mean"] == 3.0 and one["ci_lo"] is None  # one repeat: no interval
+    assert stats.describe([])["n"] == 0
+
+
+def test_ratio_ci_brackets_the_ratio_and_narrows_with_agreement() -> None:
+    r = stats.ratio_ci([100.0, 102.0, 98.0], [50.0, 51.0, 49.0])
+    assert r["ratio"] == pytest.approx(2.0) and r["ci_lo"] < 2.0 < r["ci_hi"]
+    wide = stats.ratio_ci([100.0, 130.0, 70.0], [50.0, 51.0, 49.0])
+    assert wide["ci_hi"] - wide["ci_lo"] > r["ci_hi"] - r["ci_lo"]
+    assert stats.ratio_ci([1.0], [1.0, 2.0])["ci_lo"] is None
+
+
+def test_repeat_rule_counts_and_budget() -> None:
+    assert wants_repeat([], 3, 10)  # the first always runs, however long
+    assert wants_repeat([100.0], 3, None) and not wants_repeat([1.0, 1.0, 1.0], 3, None)
+    assert wants_repeat([200.0], 3, 600) and wants_repeat([200.0, 200.0], 3, 600)  # 400 + 200 <= 600
+    assert not wants_repeat([250.0, 250.0], 3, 600)  # the third would end at 750 s
+    assert not wants_repeat([700.0], 3, 600)
+
+
+def test_a_point_is_the_mean_of_its_repeats_with_worst_counts_and_largest_maxima() -> None:
+    rows = pl.DataFrame({
+        "path": ["a", "a", "a", "b"], "repeat": [0, 1, 2, None], "model": ["m"] * 4,
+        "throughput_rps": [10.0, 12.0, 11.0, None], "sm_active_max": [50.0, 70.0, 60.0, None],
+        "n_ok": [500, 499, 500, None], "client_ok": [True, False, True, None], "status": ["ok"] * 3 + ["infeasible"],
+    })  # fmt: skip
+    p = analysis.points(rows).sort("path")
+    a, b = p.row(0, named=True), p.row(1, named=True)
+    assert a["n_repeats"] == 3 and a["throughput_rps"] == pytest.approx(11.0)
+    assert a["throughput_rps_ci_lo"] < 11.0 < a["throughput_rps_ci_hi"]
+    assert a["sm_active_max"] == 70.0 and a["n_ok"] == 499 and a["client_ok"] is False
+    assert b["n_repeats"] == 0 and b["client_ok"] is None and b["throughput_rps"] is None
+
+
+def test_counters_of_a_run_need_both_reads() -> None:
+    assert enginemetrics.counter_delta({"vllm:x_total": 5.0}, {"vllm:x_total": 8.0, "vllm:y_total": 1.0}) == {
+        "vllm:x_total": 3.0, "vllm:y_total": 1.0}  # fmt: skip
+    assert enginemetrics.counter_delta({}, {"vllm:x_total": 8.0}) is None  # a failed read before the run
+    text = (
+        '# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{engine="0"} 3.0\n'
+        '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 8.0\n'
+    )
+    assert enginemetrics.counters(text) == {"vllm:num_preemptions_total": 3.0}
+    assert enginemetrics.parse(text)["vllm:num_requests_running"] == 8.0
+    samples = [(0.5, 4.0, 0.0), (1.5, 8.0, 0.0), (2.5, 6.0, 0.0), (9.0, 1.0, 0.0)]
+    eb = enginemetrics.effective_batch(samples, 1.0, 3.0)
+    assert eb == {"effective_batch": 7.0, "running_max": 8.0, "gauge_samples": 2}
