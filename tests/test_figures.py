@@ -289,7 +289,7 @@ def test_replication_bars(replication: pl.DataFrame, name: str, field: str) -> N
     assert enc["x"]["field"] == "model" and enc["y"]["field"] == field
     assert enc["xOffset"]["field"] == "replicas" and enc["color"]["field"] == "replicas"
     data = dataset(chart)
-    ci = [f"{field}_ci_lo", f"{field}_ci_hi"] if field != "gpu_util_mean" else []
+    ci = [f"{field}_ci_lo", f"{field}_ci_hi"]  # every bar metric has a CI (analysis.CI_METRICS)
     assert data.columns == ["model", "replicas", field, *ci, *(["energy_window_ok"] if "energy" in field else [])]
     expected = replication.filter(pl.col("model") == "opt125m").sort("replicas")[field].to_list()
     assert data.filter(pl.col("model") == "OPT-125M").sort("replicas")[field].to_list() == pytest.approx(expected)
