@@ -57,6 +57,7 @@ def test_smallest_batch_reaching_the_fraction_of_the_plateau(summary: pl.DataFra
     assert row["chosen_batch"] == batch and row["chosen_rps"] == dict(CURVE)[batch]
     assert row["chosen_latency_s"] == [b for b, _ in CURVE].index(batch) + 1
     assert row["choice_uncertain"] is None  # one repeat: no CI
+    assert row["note"] is None  # batch 32 falls below the plateau: a plateau inside the sweep
 
 
 def test_plateau_only_over_measured_one_gpu_all_at_once_points(summary: pl.DataFrame) -> None:
@@ -97,7 +98,8 @@ def test_a_model_without_a_measured_point_gets_a_row_with_a_note(summary: pl.Dat
     for model in ("big", "later"):
         row = _one(frame, model)
         assert row["note"] == "no measured one-GPU point" and row["chosen_batch"] is None and row["plateau_rps"] is None
-    assert "| later | – | 0.95 | – | none: no measured one-GPU point | – |" in advisor.to_markdown(frame)
+    md = advisor.to_markdown(frame)
+    assert "| later | – | 0.95 | – | none | – |" in md and md.count("| no measured one-GPU point |") == 2
 
 
 def test_uncertain_when_the_cis_straddle_the_target() -> None:
@@ -194,6 +196,7 @@ def test_quick_results(quick: tuple, tmp_path: Path) -> None:
         "gpu_memory_utilization"])  # fmt: skip
     assert r["kv_analytic_gb"] == pytest.approx(256 * 768 * 196_608 / 1e9)  # 38.65 GB
     assert r["freed_frac"] == pytest.approx(1 - 256 * 768 / 373_008) and r["replicas_fit"] == 1
+    assert r["note"] is None and _one(frame, "opt125m")["note"] == advisor.EDGE_NOTE  # 125M still rises at 512
     assert _one(frame, "opt125m")["replicas_fit"] == 5
     # 90% of the plateau: OPT-1.3B and 2.7B need half the batch
     lower = advisor.advise(summary, configs, whole, budget, Settings(fraction=0.9), models)

@@ -16,7 +16,8 @@ workload: arrival rate inf and the longest output length, as :func:`slmserve.fig
 - eligible points = those points with ``<latency_column> <= latency_bound_s`` (all of them when the bound
   is null). The plateau is taken over all points, the bound does not lower it.
 - ``chosen_batch`` = the smallest batch among the eligible points with ``throughput_rps >= target_rps``;
-  null when none is (``note`` says why). ``chosen_rps``, ``chosen_ci_lo/hi``, ``chosen_latency_s`` (the
+  null when none is (``note`` says why; it also says when the plateau is at the largest measured batch,
+  where throughput may still rise). ``chosen_rps``, ``chosen_ci_lo/hi``, ``chosen_latency_s`` (the
   value of ``latency_column``) and ``chosen_preemptions`` are that point's.
 - ``choice_uncertain``: true when the CIs overlap the target: the chosen batch's ``ci_lo`` is below
   ``fraction x plateau_ci_hi`` (it may fall short), or an eligible smaller batch's ``ci_hi`` reaches
@@ -69,6 +70,7 @@ OPTIONAL = ("throughput_rps_ci_lo", "throughput_rps_ci_hi", "preemptions", "arri
 LATENCY_COLUMNS = ("latency_mean_s", "latency_p50_s", "latency_p99_s", "ttft_mean_s", "ttft_p50_s", "ttft_p99_s",
                    "tpot_mean_s")  # fmt: skip
 _MISSING = "–"
+EDGE_NOTE = "plateau at the largest measured batch: throughput may still rise beyond it"
 _F, _I, _S = pl.Float64(), pl.Int64(), pl.String()
 # The columns of :func:`advise`, each defined in the module docstring.
 SCHEMA: dict[str, pl.DataType] = {
@@ -151,11 +153,12 @@ def choose(points: pl.DataFrame, settings: Settings) -> dict[str, Any]:
         "plateau_ci_lo": _ci(plateau, "lo"), "plateau_ci_hi": _ci(plateau, "hi"), "target_rps": target,
         "input_len": plateau["input_len"], "output_len": plateau["output_len"],
     }  # fmt: skip
+    edge = [EDGE_NOTE] if plateau["batch_size"] == points["batch_size"].max() else []
     hits = eligible.filter(pl.col("throughput_rps") >= target)
     if hits.is_empty():
         bound = settings.bound_text()
         why = f"no point with {bound}" if eligible.is_empty() else f"no point with {bound} reaches the target"
-        return {**out, "note": why}
+        return {**out, "note": "; ".join([why, *edge])}
     row = hits.row(0, named=True)
     smaller = eligible.filter(pl.col("batch_size") < row["batch_size"]).to_dicts()
     return {
@@ -164,7 +167,7 @@ def choose(points: pl.DataFrame, settings: Settings) -> dict[str, Any]:
         "chosen_latency_s": row[settings.latency_column],
         "chosen_preemptions": row["preemptions"],
         "choice_uncertain": uncertain(row, smaller, plateau, settings.fraction),
-        "input_len": row["input_len"], "output_len": row["output_len"],
+        "input_len": row["input_len"], "output_len": row["output_len"], "note": "; ".join(edge) or None,
     }  # fmt: skip
 
 
@@ -282,7 +285,7 @@ def _text_row(r: Mapping[str, Any], name: str) -> dict[str, str]:
         "Fraction": _num(r.get("fraction"), ".2f"),
         "Latency bound": _MISSING if r.get("latency_bound_s") is None else f"{r['latency_column']} <= "
         f"{r['latency_bound_s']:g} s",
-        "Chosen batch": str(chosen) if chosen is not None else f"none: {r.get('note')}",
+        "Chosen batch": str(chosen) if chosen is not None else "none",
         "Chosen req/s [95% CI]": _with_ci(r.get("chosen_rps"), r.get("chosen_ci_lo"), r.get("chosen_ci_hi")),
         "Uncertain": uncertain_text if chosen is not None else _MISSING,
         f"{r.get('latency_column')} (s)": _num(r.get("chosen_latency_s"), ".2f"),
@@ -294,6 +297,7 @@ def _text_row(r: Mapping[str, Any], name: str) -> dict[str, str]:
         "Freed GB (%)": _MISSING if r.get("freed_gb") is None
         else f"{r['freed_gb']:.2f} ({100 * r['freed_frac']:.0f}%)",
         "Replicas fit": _num(r.get("replicas_fit"), ".0f") if r.get("replicas_fit") is not None else _MISSING,
+        "Note": r.get("note") or "",
     }  # fmt: skip
 
 
@@ -327,7 +331,7 @@ def to_markdown(df: pl.DataFrame) -> str:
     """The advice as a Markdown table and a note: the definitions, the memory share's source per model."""
     text = table(df)
     head = "| " + " | ".join(text.columns) + " |"
-    align = "|:---|" + "|".join(["---:"] * (text.width - 1)) + "|"
+    align = "|:---|" + "---:|" * (text.width - 2) + ":---|"  # the note left-aligned
     body = ["| " + " | ".join(row) + " |" for row in text.iter_rows()]
     names = model_names(df)
     shares = "; ".join(
@@ -426,6 +430,7 @@ def _notes(advice: pl.DataFrame, settings: Settings, names: Mapping[str, str]) -
             f"{name}: batch {r['chosen_batch']} at {_with_ci(r['chosen_rps'], r['chosen_ci_lo'], r['chosen_ci_hi'])}"
             f" req/s of the plateau {_with_ci(r['plateau_rps'], r['plateau_ci_lo'], r['plateau_ci_hi'])} req/s "
             f"(batch {r['plateau_batch']}); KV need {_num(r.get('kv_probe_gb'), '.2f')} GB of "
-            f"{_num(r.get('kv_whole_gb'), '.2f')} GB, {_num(r.get('replicas_fit'), '.0f')} replicas fit."
+            f"{_num(r.get('kv_whole_gb'), '.2f')} GB; replicas that fit: {_num(r.get('replicas_fit'), '.0f')}"
+            + (f"; {r['note']}." if r.get("note") else ".")
         )
     return lines
