@@ -86,6 +86,12 @@ def capacity_files(budget):
     return [L.capacity(m, budget) for m in EXP["table1"]["models"]]
 
 
+def advisor_probes(budget):
+    """The KV-cache probes of the sweep's models that Table 1 probes anyway (the advisor's memory figures;
+    a model without one gets the analytic figures only): the advisor plans no GPU job of its own."""
+    return [L.capacity(m, budget) for m in SWEEP["models"] if m in EXP["table1"]["models"]]
+
+
 def job_params(model, tp=1, out=None, rate=None, batch_sizes=()):
     """Arguments of slmserve.runner.SweepJob."""
     entry = config["models"][model]
@@ -129,6 +135,8 @@ def all_targets():
     targets += [f for name in figures() for f in L.figure_files(name)]
     if EXP["table1"]["models"]:
         targets += L.table1_files()
+    if "sweep" in experiments():  # the batching advisor reads the sweep summary
+        targets += L.advisor_files()
     return targets
 
 

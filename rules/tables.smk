@@ -20,3 +20,32 @@ rule table1:
         "../envs/figures.yaml"
     script:
         "../workflow/scripts/table1.py"
+
+
+# The batching advisor (the follow-up paper): per sweep model, the smallest one-GPU batch reaching
+# experiments.advisor.fraction of the throughput plateau, its KV memory need from the formula and the
+# probes, the memory it frees; a table and a figure (slmserve.advisor).
+
+
+rule advisor:
+    localrule: True
+    input:
+        summary=L.path("summary", experiment="sweep"),
+        whole=ancient(measured(advisor_probes("whole"))),
+        budget=ancient(measured(advisor_probes(BUDGET) if BUDGET else [])),
+    output:
+        csv=report(L.path("advisor", ext="csv"), caption="../report/advisor.rst", category="Advisor"),
+        md=L.path("advisor", ext="md"),
+        figure=report(
+            multiext(L.figure_stem("advisor"), *FIGURE_EXTS), caption="../report/advisor.rst", category="Advisor"
+        ),
+    params:
+        models=config["models"],
+        planned=SWEEP["models"],
+        settings=EXP["advisor"],
+    log:
+        f"{LOGS}/figures/advisor.log",
+    conda:
+        "../envs/figures.yaml"
+    script:
+        "../workflow/scripts/advisor.py"

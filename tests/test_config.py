@@ -130,9 +130,9 @@ def test_dry_run_paper_dag(resources: list[str], tmp_path: Path) -> None:
     assert counts["kv_probe"] == 10  # Table 1: 5 models x (36 GB, whole GPU)
     assert counts["replication"] == 9  # 3 models x 1-3 replicas
     assert counts["output_lengths"] == 1  # OPT-6.7B: 4 output lengths x 3 rates on one server
-    assert counts["summarize"] == 4 and counts["table1"] == 1 and counts["all"] == 1
+    assert counts["summarize"] == 4 and counts["table1"] == 1 and counts["advisor"] == 1 and counts["all"] == 1
     assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 12
-    assert counts["total"] == 57
+    assert counts["total"] == 58
 
 
 def test_dry_run_smoke_dag(tmp_path: Path) -> None:
@@ -144,7 +144,7 @@ def test_dry_run_smoke_dag(tmp_path: Path) -> None:
     assert counts["summarize"] == len(EXPERIMENTS)  # one summary per experiment of the registry
     rest = {k: v for k, v in counts.items() if not k.startswith("figure_")}
     assert rest == {"prepare_dataset": 1, "kv_probe": 1, "sweep": 1, "output_lengths": 1, "replication": 2,
-                    "summarize": 4, "table1": 1, "all": 1, "total": 24}  # fmt: skip
+                    "summarize": 4, "table1": 1, "advisor": 1, "all": 1, "total": 25}  # fmt: skip
 
 
 def test_paper_dag_plans_only_the_table1_probes_missing_from_results(tmp_path: Path) -> None:
@@ -213,7 +213,8 @@ def test_dry_run_quick_profile(tmp_path: Path) -> None:
     assert counts["sweep"] == 3 and counts["kv_probe"] == 6 and counts["replication"] == 9
     assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 10
     assert "figure_families" not in counts and "figure_output_lengths" not in counts
-    assert counts["total"] == 33
+    assert counts["advisor"] == 1  # the batching advisor of the sweep, from the Table 1 probes
+    assert counts["total"] == 34
 
 
 def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -> None:
@@ -262,6 +263,7 @@ def test_dry_run_quick_tp_profile(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     counts = _job_counts(out.stdout)
     assert counts["sweep"] == 6 and "kv_probe" not in counts and "replication" not in counts
+    assert counts["advisor"] == 1  # no Table 1 probes: the advisor's analytic memory figures only
     for model in ("opt125m", "opt13b"):
         for tp in (1, 2, 4):
             assert f"wildcards: model={model}, tp={tp}, out=256, rate=inf" in out.stdout

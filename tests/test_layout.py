@@ -23,6 +23,7 @@ KEYS = {
     "capacity": {"model": "gpt-j-6b", "budget": "36gb"},
     "summary": {"experiment": "output_lengths"},
     "table1": {"ext": "md"},
+    "advisor": {"ext": "csv"},
     "figure": {"name": "throughput_latency", "ext": "caption.md"},
 }
 

@@ -31,9 +31,10 @@ def test_replot_from_fixture_results_runs_no_measurement(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
     assert not [r for r in MEASURING if r in log]
-    for name in ("throughput_latency", "sm_metrics", "replication_tradeoff", "output_lengths", "families"):
+    for name in ("throughput_latency", "sm_metrics", "replication_tradeoff", "output_lengths", "families", "advisor"):
         assert (fig / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert "| OPT-125M | 125M | 250 MB | 512 |" in (fig / "table1.md").read_text()
+    assert "| OPT-125M | " in (fig / "advisor.md").read_text()  # the batching advisor of the smoke sweep
     summary = pl.read_parquet(out / "summary/sweep.parquet")
     assert summary["batch_size"].sort().to_list() == [1, 2, 4, 8] and (summary["throughput_rps"] > 0).all()
     # nothing to do the second time

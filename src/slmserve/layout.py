@@ -1,7 +1,8 @@
 """Where every file of the workflow lives, and which experiments and figures there are.
 
 Paths: :data:`TEMPLATES` holds one template per kind of file, relative to the results folder (``outdir``)
-or, for figures and Table 1, the figure folder (``figdir``), with the rules' wildcard names.
+or, for figures, Table 1 and the batching advisor, the figure folder (``figdir``), with the rules' wildcard
+names.
 :class:`Layout` builds a path of one folder pair; a key left out stays a ``{wildcard}``, which is how a
 rule's output pattern is written. :func:`parse` reads the keys back from a path under any folder.
 
@@ -97,14 +98,16 @@ TEMPLATES: dict[str, str] = {
     "capacity": "capacity/{model}-{budget}.json",
     "summary": "summary/{experiment}.parquet",
     "table1": "table1.{ext}",  # under figdir; before "figure", which its paths match too
+    "advisor": "advisor.{ext}",  # under figdir (the batching advisor: table and figure); before "figure" too
     "figure": "{name}.{ext}",  # under figdir
 }
 # The kinds under figdir; every other kind is under outdir.
-IN_FIGDIR = ("table1", "figure")
+IN_FIGDIR = ("table1", "advisor", "figure")
 # The measured results whose summary row :func:`slmserve.analysis.planned_row` can write from the path alone.
 MEASURED = ("run", "point", "replication")
 FIGURE_EXTS = (".png", ".svg", ".html", ".caption.md")
 TABLE1_EXTS = (".csv", ".md")
+ADVISOR_EXTS = (".csv", ".md", *FIGURE_EXTS)  # slmserve.advisor: its table and its figure
 
 
 class _KeepMissing(dict):
@@ -144,6 +147,10 @@ class Layout:
 
     def table1_files(self) -> list[str]:
         return [self.path("table1", ext=ext.removeprefix(".")) for ext in TABLE1_EXTS]
+
+    def advisor_files(self) -> list[str]:
+        """The batching advisor's table (CSV, Markdown) and figure (:mod:`slmserve.advisor`)."""
+        return [self.path("advisor", ext=ext.removeprefix(".")) for ext in ADVISOR_EXTS]
 
 
 def _regex(template: str) -> re.Pattern[str]:
