@@ -8,7 +8,7 @@ figures only) and its model config (:mod:`slmserve.capacity`). :func:`advise` re
 per model; :func:`to_csv`, :func:`to_markdown` and :func:`figure` write it. Every quantity, defined once:
 
 Choice (over a model's measured points, ``status == "ok"``, on one GPU, ``tp == 1``, with the all-at-once
-workload: arrival rate inf and the longest output length, as :func:`slmserve.figures._main_workload`):
+workload: arrival rate inf and the longest output length, as :func:`slmserve.figures.main_workload`):
 
 - ``plateau_rps`` = max over those points of ``throughput_rps`` (the mean over repeats), at batch
   ``plateau_batch``; ``plateau_ci_lo/hi`` = that point's 95% CI (null with one repeat).
@@ -61,7 +61,7 @@ import altair as alt
 import polars as pl
 
 from slmserve import capacity
-from slmserve.figures import _color, _main_workload, _named, _no_data, caption, display_name, model_names
+from slmserve.figures import caption, color_scale, display_name, main_workload, model_names, named, no_data
 
 GB = 1e9
 # The summary columns the advisor reads; the latency column is the configured one (latency_column).
@@ -120,7 +120,7 @@ def sweep_points(summary: pl.DataFrame, settings: Settings) -> pl.DataFrame:
     fill = [pl.lit(None, pl.Float64).alias(c) for c in OPTIONAL if c not in summary.columns]
     runs = summary.with_columns(fill).filter((pl.col("status") == "ok") & (pl.col("tp") == 1))
     runs = runs.filter(pl.col("throughput_rps").is_not_null() & pl.col("throughput_rps").is_finite())
-    runs, _ = _main_workload(runs)
+    runs, _ = main_workload(runs)
     return runs.sort("model", "batch_size")
 
 
@@ -373,7 +373,7 @@ def _panel(
     throughput, and ``reference`` (a dashed rule per model) on top."""
     x = alt.X("batch_size:Q", title="Batch size", scale=alt.Scale(type="log", base=2),
               axis=alt.Axis(values=ticks, format="d"))  # fmt: skip
-    base = alt.Chart(data).encode(x=x, y=alt.Y(f"{y}:Q", title=title), color=_color(order))
+    base = alt.Chart(data).encode(x=x, y=alt.Y(f"{y}:Q", title=title), color=color_scale(order))
     lines = base.mark_line().encode(order="batch_size:Q")
     tips = ["model:N", "batch_size:Q", "throughput_rps:Q", "lo:Q", "hi:Q", "kv_gb:Q", "chosen:N"]
     points = base.mark_point(filled=True, size=35).encode(tooltip=tips)
@@ -385,7 +385,7 @@ def _panel(
         errors = base.mark_rule(strokeWidth=1.5).encode(y=alt.Y("lo:Q", title=title), y2="hi:Q")
         layers.append(errors.transform_filter("isValid(datum.lo)"))
     if data.is_empty():
-        layers.append(_no_data())
+        layers.append(no_data())
     return alt.layer(*layers)
 
 
@@ -401,11 +401,11 @@ def figure(
     points = sweep_points(summary, settings)
     gpu = {m: gpu_memory_bytes(p) for m, p in (budget or {}).items()}
     data = _curve(points, advice, model_configs, whole, gpu)
-    data, order = _named(data)
+    data, order = named(data)
     names = {k: v[0] for k, v in model_names(advice).items()}
     ticks = sorted(set(data["batch_size"].to_list()))
     refs = advice.select(pl.col("model").replace(names), "target_rps", "kv_whole_gb")
-    rule = alt.Chart(refs).mark_rule(strokeDash=[5, 4], opacity=0.7).encode(color=_color(order))
+    rule = alt.Chart(refs).mark_rule(strokeDash=[5, 4], opacity=0.7).encode(color=color_scale(order))
     target = rule.encode(y="target_rps:Q").transform_filter("isValid(datum.target_rps)")
     kv_whole = rule.encode(y="kv_whole_gb:Q").transform_filter("isValid(datum.kv_whole_gb)")
     left = _panel(data, "throughput_rps", "Throughput (requests/s)", order, ticks, target)

@@ -84,7 +84,7 @@ def model_names(df: pl.DataFrame) -> dict[str, tuple[str, float]]:
     return out
 
 
-def _named(df: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+def named(df: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     """``df`` with ``model`` replaced by the display name, and the names ordered by model size."""
     names = model_names(df)
     if not names:
@@ -121,7 +121,7 @@ def _one_gpu(summary: pl.DataFrame) -> pl.DataFrame:
     return summary.filter(pl.col("tp") == 1) if "tp" in summary.columns else summary
 
 
-def _main_workload(runs: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+def main_workload(runs: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     """The batch-sweep workload: all requests at once (arrival rate inf) and, when several output lengths
     are present, the longest (the paper's 256). Returns the rows and a note on what was left out."""
     n = runs.height
@@ -349,7 +349,7 @@ METRIC_NAMES = {
 
 def point_name(row: Mapping[str, Any]) -> str:
     """A plotted point in a caption: ``OPT-1.3B b=512``, ``OPT-125M ×3``, ``OPT-6.7B 2 GPUs b=64``,
-    ``OPT-6.7B out 256, rate inf`` (``model`` is the display name once :func:`_named` ran)."""
+    ``OPT-6.7B out 256, rate inf`` (``model`` is the display name once :func:`named` ran)."""
     parts = [str(row.get("model"))]
     if row.get("tp") not in (None, 1):
         parts.append(f"{row['tp']} GPUs")
@@ -447,12 +447,12 @@ def _energy_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = 
 # --- shared chart shapes --------------------------------------------------------------------------
 
 
-def _color(order: Sequence[str], field: str = "model", title: str = "Model", legend: bool = True) -> alt.Color:
+def color_scale(order: Sequence[str], field: str = "model", title: str = "Model", legend: bool = True) -> alt.Color:
     kwargs = {"sort": list(order), "scale": alt.Scale(domain=list(order))} if order else {}
     return alt.Color(f"{field}:N", title=title, **kwargs, **({} if legend else {"legend": None}))
 
 
-def _no_data() -> alt.Chart:
+def no_data() -> alt.Chart:
     """A gray "no data" note in the middle of an empty plot (its own one-row sequence, not a dataset)."""
     note = alt.Chart(alt.sequence(0, 1)).mark_text(fontSize=13, color="gray")
     return note.encode(x=alt.value(210), y=alt.value(150), text=alt.value("no data (see caption)"))
@@ -476,7 +476,7 @@ def _tradeoff(
     base = alt.Chart(data).encode(
         x=alt.X("latency_mean_s:Q", title=X_LATENCY, scale=x_scale),
         y=alt.Y("throughput_rps:Q", title=Y_THROUGHPUT),
-        color=_color(order, color, color_title),
+        color=color_scale(order, color, color_title),
     )
     lines = base.mark_line().encode(detail="series:N", order=f"{label}:Q")
     points = base.mark_point(filled=True, size=50).encode(
@@ -487,7 +487,7 @@ def _tradeoff(
         points = points.encode(shape=alt.Shape(f"{shape}:N", title=shape_title))
     labels = base.mark_text(dy=-9, fontSize=9).encode(text=f"{label}:Q")
     layers = [lines, points, labels, *_tradeoff_ci(base, data, x_scale)]
-    return alt.layer(*layers, *([_no_data()] if data.is_empty() else [])).properties(title=title)
+    return alt.layer(*layers, *([no_data()] if data.is_empty() else [])).properties(title=title)
 
 
 X_LATENCY, Y_THROUGHPUT = "Mean end-to-end latency (s)", "Throughput (requests/s)"
@@ -563,7 +563,7 @@ def _batch_lines(
             .encode(
                 x=x,
                 y=alt.Y("value:Q", title=ytitle, scale=alt.Scale(type="log") if y_log else alt.Scale()),
-                color=_color(order),
+                color=color_scale(order),
             )
         )
         lines = base.mark_line().encode(detail="stat:N", order="batch_size:Q")
@@ -577,7 +577,7 @@ def _batch_lines(
         layers = [lines, points, errors.transform_filter("isValid(datum.lo)"),
                   hollow.transform_filter("datum.ok === false")]  # fmt: skip
         if data.filter(pl.col("panel") == ptitle).is_empty():  # say so on the chart (the caption says why)
-            layers.append(_no_data())
+            layers.append(no_data())
         charts.append(alt.layer(*layers, title=ptitle if len(panels) > 1 else title))
     if len(charts) == 1:
         return alt.layer(*charts[0].layer, data=data, title=title)
@@ -607,7 +607,7 @@ def _bars(
         base = base.encode(xOffset=alt.XOffset(f"{group}:N"))
         color = alt.Color(f"{group}:N", title=group_title or group)
     else:
-        color = _color(order, legend=False)
+        color = color_scale(order, legend=False)
     bars = base.mark_bar().encode(color=color, tooltip=list(data.columns))
     if "energy_window_ok" in data.columns:  # a window too short to trust: the bar is faded
         bars = bars.encode(opacity=alt.condition("datum.energy_window_ok === false", alt.value(0.35), alt.value(1.0)))
@@ -619,7 +619,7 @@ def _bars(
                                                                       y2=f"{y}_ci_hi:Q")  # fmt: skip
         layers.append(errors.transform_filter(f"isValid(datum.{y}_ci_lo)"))
     if data.is_empty():
-        layers.append(_no_data())
+        layers.append(no_data())
     return alt.layer(*layers).properties(title=title, width=420)
 
 
@@ -631,8 +631,8 @@ TRADEOFF = ("throughput_rps", "latency_mean_s")  # the trade-off figures' metric
 def throughput_latency(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     """Figure 1: throughput (requests/s) against mean latency, one point per batch size, a curve per
     model and GPU count."""
-    runs, notes = _main_workload(ok_runs(summary))
-    runs, order = _named(runs)
+    runs, notes = main_workload(ok_runs(summary))
+    runs, order = named(runs)
     runs = _finite(runs, TRADEOFF)
     data = runs.select(
         "model", "tp", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF),
@@ -651,8 +651,8 @@ def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     """Figure 2 (left): throughput against mean latency for decoder families of similar size (OPT-6.7B,
     LLaMA-7B, MPT-7B, GPT-J-6B), one curve per model, labels = batch size. Models with no measured run
     are named in the caption with their reason."""
-    runs, notes = _main_workload(_one_gpu(ok_runs(summary)))
-    runs, order = _named(runs)
+    runs, notes = main_workload(_one_gpu(ok_runs(summary)))
+    runs, order = named(runs)
     runs = _finite(runs, TRADEOFF)
     data = runs.select(
         "model", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
@@ -688,7 +688,7 @@ def output_lengths(summary: pl.DataFrame, model: str | None = None) -> tuple[alt
     model = model or _output_model(summary)
     frame = _one_gpu(summary.filter(pl.col("model") == model)) if model else summary.head(0)
     runs = _largest_batch(ok_runs(frame), ["arrival_rate", "output_len"]) if not frame.is_empty() else frame
-    runs, _ = _named(runs)
+    runs, _ = named(runs)
     runs = _finite(runs, TRADEOFF).sort(["arrival_rate", "output_len"], descending=[True, False])
     rates = runs["arrival_rate"].cast(pl.Float64).unique().sort(descending=True).to_list() if runs.height else []
     order = [_rate_label(r) for r in rates]
@@ -726,7 +726,7 @@ def _effective_batch_panel(data: pl.DataFrame, order: Sequence[str]) -> alt.Laye
     title = "Effective batch (mean running requests)"
     x = alt.X("output_len:Q", title="Output length (tokens)", scale=alt.Scale(type="log", base=2),
               axis=alt.Axis(values=lens, format="d") if lens else alt.Axis(format="d"))  # fmt: skip
-    base = alt.Chart(data).encode(x=x, color=_color(order, "rate", "Arrival rate (req/s)"))
+    base = alt.Chart(data).encode(x=x, color=color_scale(order, "rate", "Arrival rate (req/s)"))
     measured = base.transform_filter("isValid(datum.effective_batch)").encode(y=alt.Y("effective_batch:Q", title=title))
     layers = [
         alt.Chart(data).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.Y("batch_size:Q", title=title)),
@@ -735,7 +735,7 @@ def _effective_batch_panel(data: pl.DataFrame, order: Sequence[str]) -> alt.Laye
                                                                   "preemptions"]),
     ]  # fmt: skip
     if data["effective_batch"].is_null().all():
-        layers.append(_no_data())
+        layers.append(no_data())
     return alt.layer(*layers, title="Effective batch (dashed: --max-num-seqs)")
 
 
@@ -772,8 +772,8 @@ def _batch_figure(
 ) -> tuple[alt.TopLevelMixin, str]:
     """A figure of metrics against batch size on one GPU (tp == 1), all-at-once workload."""
     frame = _one_gpu(summary)
-    runs, left_out = _main_workload(ok_runs(frame))
-    runs, order = _named(runs)
+    runs, left_out = main_workload(ok_runs(frame))
+    runs, order = named(runs)
     data = _batch_long(runs, panels)
     chart = _batch_lines(data, panels, title=title, order=order, y_log=y_log)
     metrics = [c for _, _, cols in panels for c in cols.values()]
@@ -852,10 +852,10 @@ def power(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     """Figure 4: average power (W) per model at its largest measured feasible batch on one GPU (runs
     without preemptions preferred), each bar labelled with that batch size."""
     frame = _one_gpu(summary)
-    runs, left_out = _main_workload(ok_runs(frame))
+    runs, left_out = main_workload(ok_runs(frame))
     candidates = _finite(runs, ["power_w_mean"])
     runs = _largest_batch(candidates, ["model"]) if runs.height else runs
-    runs, order = _named(runs)
+    runs, order = named(runs)
     data = _finite(runs, ["power_w_mean"]).select(
         "model", "batch_size", "power_w_mean", *_ci_cols(runs, ["power_w_mean"]),
         label=pl.lit("bs ") + pl.col("batch_size").cast(pl.String),
@@ -951,7 +951,7 @@ def _system_vs_sum(runs: pl.DataFrame) -> list[str]:
 
 def replication_tradeoff(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     """Figure 5: system throughput against latency per model, points labelled by the number of replicas."""
-    runs, order = _named(ok_runs(summary))
+    runs, order = named(ok_runs(summary))
     runs = _finite(runs, TRADEOFF)
     data = runs.select(
         "model", "replicas", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
@@ -968,7 +968,7 @@ def replication_tradeoff(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
 def _replication_bars(
     summary: pl.DataFrame, y: str, y_title: str, title: str, what: str, notes: Sequence[str] = ()
 ) -> tuple[alt.LayerChart, str]:
-    runs, order = _named(ok_runs(summary))
+    runs, order = named(ok_runs(summary))
     runs = _finite(runs, [y])
     energy = y == "energy_per_token_j"
     cis = _ci_cols(runs, [y]) if y in CI_METRICS else []
