@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import polars as pl
@@ -122,7 +122,7 @@ def _run_row(meta: Mapping[str, Any], path: str, models: Mapping[str, Any] | Non
         "status": meta["status"],
         "reason": meta.get("reason"),
         "kv_cache_tokens": (servers[0] or {}).get("kv_cache_tokens"),
-        "gpu_model": ", ".join(sorted(set(prov.get("gpu_models") or []))) or f"CPU: {prov.get('cpu_model')}",
+        "gpu_model": gpu_model(prov),
         "gpu_ids": ",".join(map(str, meta.get("gpu_ids") or [])),
         "engine": prov.get("engine"),
         "engine_version": prov.get("engine_version"),
@@ -175,22 +175,38 @@ def energy_metrics(energy_j: float | None, output_tokens: int | None, window_s: 
     }
 
 
-def summarize_repeats(requests_path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> list[dict]:
-    """One summary row per repeat of a point (column ``repeat``) from its requests parquet and the telemetry
-    parquet beside it; one row without metrics for a point that was not measured."""
-    meta = io.read_meta(requests_path)
-    base = _run_row(meta, str(requests_path), models)
+def gpu_model(prov: Mapping[str, Any]) -> str:
+    """The GPU models of a result's provenance, or its host CPU on the CPU engine."""
+    return ", ".join(sorted(set(prov.get("gpu_models") or []))) or f"CPU: {prov.get('cpu_model')}"
+
+
+RowFn = Callable[[Mapping[str, Any], str, Mapping[str, Any] | None], dict[str, Any]]
+MetricsFn = Callable[[pl.DataFrame, Mapping[str, Any], pl.DataFrame], dict[str, Any]]
+
+
+def repeat_rows(path: str | os.PathLike[str], base: RowFn, metrics: MetricsFn,
+                models: Mapping[str, Any] | None = None) -> list[dict]:  # fmt: skip
+    """One summary row per repeat of a result file (column ``repeat``): ``base`` (keys, provenance) and
+    ``metrics`` of that repeat's requests, metadata and telemetry; one row without metrics for a result
+    that was not measured."""
+    meta = io.read_meta(path)
+    row = base(meta, str(path), models)
     if meta["status"] != "ok":
-        return [base]
-    req = pl.read_parquet(requests_path)
-    tel = pl.read_parquet(telemetry_path(requests_path))
+        return [row]
+    req = pl.read_parquet(path)
+    tel = pl.read_parquet(telemetry_path(path))
     rows = []
     for rep in measure.repeats_of(meta):
         i = rep["repeat"]
         mine = req.filter(pl.col("repeat") == i) if "repeat" in req.columns else req
         tel_i = tel.filter(pl.col("repeat") == i) if "repeat" in tel.columns else tel
-        rows.append({**base, "repeat": i, **_repeat_metrics(mine, rep, tel_i)})
+        rows.append({**row, "repeat": i, **metrics(mine, rep, tel_i)})
     return rows
+
+
+def summarize_repeats(requests_path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> list[dict]:
+    """One summary row per repeat of a point (:func:`repeat_rows` of a sweep or output-length result)."""
+    return repeat_rows(requests_path, _run_row, _repeat_metrics, models)
 
 
 def summarize_run(requests_path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> dict:

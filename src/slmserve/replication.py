@@ -16,10 +16,10 @@ from typing import Any
 
 import polars as pl
 
-from slmserve import analysis, io, layout, telemetry
+from slmserve import analysis, layout, telemetry
 from slmserve.gpuslots import GpuSlots
 from slmserve.jobguard import guard
-from slmserve.measure import Measurement, batch_fits, header, measure, repeats_of, write_point, write_unmeasured
+from slmserve.measure import Measurement, batch_fits, header, measure, write_point, write_unmeasured
 from slmserve.runner import SweepJob, load_prompts, load_spec, server_spec, wants_repeat
 from slmserve.server import InfeasibleError, VllmServer
 
@@ -90,7 +90,7 @@ def _replication_row(meta: dict[str, Any], path: str, models: dict[str, Any] | N
         "replicas": run["replicas"], "batch_per_replica": run["batch_per_replica"],
         "input_len": run["input_len"], "output_len": run["output_len"],
         "status": meta["status"], "reason": meta.get("reason"),
-        "gpu_model": ", ".join(sorted(set(prov.get("gpu_models") or []))) or f"CPU: {prov.get('cpu_model')}",
+        "gpu_model": analysis.gpu_model(prov),
         "engine": prov.get("engine"), "engine_version": prov.get("engine_version"), "path": path,
     }  # fmt: skip
 
@@ -126,21 +126,8 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
 
 
 def summarize_repeats(path: str | Path, models: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """One summary row per repeat of a replication run (:func:`repeat_metrics`); one row without metrics
-    for a run that was not measured."""
-    meta = io.read_meta(path)
-    base = _replication_row(meta, str(path), models)
-    if meta["status"] != "ok":
-        return [base]
-    req = pl.read_parquet(path)
-    tel = pl.read_parquet(layout.telemetry_path(path))
-    rows = []
-    for rep in repeats_of(meta):
-        i = rep["repeat"]
-        mine = req.filter(pl.col("repeat") == i) if "repeat" in req.columns else req
-        tel_i = tel.filter(pl.col("repeat") == i) if "repeat" in tel.columns else tel
-        rows.append({**base, "repeat": i, **repeat_metrics(mine, rep, tel_i)})
-    return rows
+    """One summary row per repeat of a replication run (:func:`repeat_metrics`)."""
+    return analysis.repeat_rows(path, _replication_row, repeat_metrics, models)
 
 
 def summarize_runs(paths: list[str | Path], models: dict[str, Any] | None = None) -> pl.DataFrame:
