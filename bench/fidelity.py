@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import aiohttp
 import polars as pl
 
-from slmserve import analysis, io, loadgen, runner
+from slmserve import analysis, io, loadgen, runner, stats
 from slmserve.loadgen import LoadSpec, run_load_async, to_frame
 from slmserve.measure import lag_threshold_s, until_server_dies
 
@@ -52,6 +52,8 @@ CSV_COLUMNS = (
 )  # fmt: skip
 
 # What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py), without the `vllm` console script.
+# Run under ``python -O``: vLLM 0.26.0's ``main_async`` asserts a tokenizer even under its own
+# ``--skip-tokenizer-init``, though its custom dataset and metrics have a tokenizer-free path (0.32 has not).
 BENCH_LAUNCHER = (
     "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
     "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
@@ -293,7 +295,7 @@ def bench_command(
     """``vllm bench serve`` with token-id prompts and no tokenizer (see the module docstring)."""
     extra = {"max_tokens": output_len, "ignore_eos": True}
     return [
-        python, "-c", BENCH_LAUNCHER,
+        python, "-O", "-c", BENCH_LAUNCHER,  # -O: see BENCH_LAUNCHER
         "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
         "--model", model, "--served-model-name", model,
         "--skip-tokenizer-init",
@@ -411,6 +413,11 @@ def _ratios(clients: Mapping[str, Mapping[str, Any]], subject: str, key: str) ->
     return {name: mine / c[key] if mine and c.get(key) else None for name, c in clients.items() if name != subject}
 
 
+def _values(rows: Sequence[Mapping[str, Any]], client: str, key: str) -> list[float]:
+    """One client's measured ``key`` (``throughput_rps`` or ``window_rps``) over its repeats."""
+    return [float(r[key]) for r in rows if r["client"] == client and r.get(key) is not None]
+
+
 def _within(ratio: float | None, tolerance: float) -> bool:
     """``|ratio - 1| <= tolerance``, the boundary included despite rounding (0.98 is within 2%)."""
     return ratio is not None and abs(ratio - 1.0) <= tolerance + 1e-12
@@ -425,7 +432,9 @@ def summarize(
 ) -> dict[str, Any]:
     """Per batch size: each client's mean throughput over its repeats, the CV of its repeats, and
     ``ratio`` = mean(subject) / mean(reference), on the window definition where the reference has it,
-    with ``within_tolerance`` = ``|ratio - 1| <= tolerance``
+    its 95% CI (``ratio_ci_lo``, ``ratio_ci_hi``: :func:`slmserve.stats.ratio_ci`) and the ``verdict`` that
+    CI gives at ``tolerance`` (:func:`slmserve.stats.verdict`: ``agree``, ``differ`` or ``inconclusive``;
+    ``all_agree`` over the batches); ``within_tolerance`` = ``|ratio - 1| <= tolerance`` on the means alone
     (``ratios`` and ``within`` hold the same against every other client; ``window_ratios`` compare the
     throughputs on the project's window definition, ``window_rps``). A run with throughput ``None``
     (nothing completed) is left out of the means; ``all_ok`` says whether every request of every run of
@@ -451,8 +460,10 @@ def summarize(
         within = {k: _within(v, tolerance) for k, v in ratios.items()}
         window_ratios = _ratios(clients, subject, "mean_window_rps")
         # judged on one definition (first send to last end): vllm bench serve's own duration starts earlier
+        key = "window_rps" if window_ratios.get(reference) is not None else "throughput_rps"
         ratio = window_ratios.get(reference)
         ratio = ratios.get(reference) if ratio is None else ratio
+        ci = stats.ratio_ci(*(_values(at, name, key) for name in (subject, reference)))
         batches.append(
             {
                 "batch": batch,
@@ -460,6 +471,9 @@ def summarize(
                 "clients": clients,
                 "reference": reference,
                 "ratio": ratio,
+                "ratio_ci_lo": ci["ci_lo"],
+                "ratio_ci_hi": ci["ci_hi"],
+                "verdict": stats.verdict(ci["ci_lo"], ci["ci_hi"], tolerance),
                 "within_tolerance": _within(ratio, tolerance),
                 "ratios": ratios,
                 "within": within,
@@ -472,6 +486,7 @@ def summarize(
         "tolerance": tolerance,
         "batches": batches,
         "all_within_tolerance": bool(batches) and all(b["within_tolerance"] for b in batches),
+        "all_agree": bool(batches) and all(b["verdict"] == "agree" for b in batches),
     }
 
 
@@ -482,6 +497,15 @@ def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     for r in rows:
         writer.writerow({k: "" if r.get(k) is None else r[k] for k in CSV_COLUMNS})
     return buf.getvalue()
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``fidelity.csv`` (:func:`rows_csv`), numbers as numbers and empty fields as None."""
+    ints, floats = {"batch", "repeat", "n", "ok", "peak_inflight"}, {"throughput_rps", "output_tok_s",
+                                                                     "duration_s", "window_rps"}  # fmt: skip
+    with path.open(newline="") as f:
+        return [{k: None if v == "" else int(v) if k in ints else float(v) if k in floats else v
+                 for k, v in r.items()} for r in csv.DictReader(f)]  # fmt: skip
 
 
 def write_outputs(out: Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> tuple[Path, Path]:

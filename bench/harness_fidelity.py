@@ -6,7 +6,9 @@
 One vLLM server (OPT-125M, dummy weights, the workflow's settings, ``--max-num-seqs`` = the largest batch)
 serves every run. For each batch size B and repeat the clients take turns (:mod:`bench.fidelity`), each
 sending the same N prompts (default ``max(64, 8 B)``) at once with at most B in flight, 512 input and 256
-output tokens, after the same warm-up. Criterion: mean throughput of ``slmserve`` / the reference's within 2%.
+output tokens, after the same warm-up. Criterion: the ratio of mean throughputs ``slmserve`` / reference,
+whose 95% CI must contain 1 with a half-width of at most 2% (``agree``; ``differ`` where it excludes 1,
+else ``inconclusive``).
 If ``vllm bench serve`` cannot run offline here, it is dropped (the reason is printed) and ``minimal`` becomes
 the reference; a later failure is recorded as a failed run.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 import time
@@ -37,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from bench import fidelity
 from bench.fidelity import MINIMAL, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
-from slmserve import provenance, runner
+from slmserve import io, provenance, runner
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.measure import batch_fits
 from slmserve.server import VllmServer, install_signal_handlers
@@ -49,6 +52,7 @@ log = logging.getLogger("harness_fidelity")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--out", type=Path, required=True, help="output folder")
+    ap.add_argument("--judge", action="store_true", help="measure nothing: judge OUT/fidelity.csv again")
     ap.add_argument("--prompts", type=Path, default=Path("results/quick/data/prompts-in512-n500.parquet"))
     ap.add_argument("--model-path", default=str(ROOT / "config/models/opt-125m"))
     ap.add_argument("--served-name", default="opt125m")
@@ -142,9 +146,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         ]
         ratios = ", ".join(f"/{k} {_fmt(v, '.4f')}" for k, v in b["ratios"].items())
         windows = ", ".join(f"/{k} {_fmt(v, '.4f')}" for k, v in b["window_ratios"].items())
-        verdict = "within" if b["within_tolerance"] else "OUTSIDE"
+        ci = f"[{_fmt(b['ratio_ci_lo'], '.4f')}, {_fmt(b['ratio_ci_hi'], '.4f')}]"
         print(f"batch {b['batch']:>4} n={b['n']}: {'; '.join(parts)}", flush=True)
-        print(f"    ratio {ratios}: {verdict}; on first send to last end {windows}", flush=True)
+        print(f"    ratio {ratios}; on first send to last end {windows}", flush=True)
+        print(f"    judged /{b['reference']} {_fmt(b['ratio'], '.4f')}, 95% CI {ci}: {b['verdict']}", flush=True)
 
 
 def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[int]]) -> int:
@@ -206,9 +211,24 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
     return 0 if all(r["ok"] == r["n"] for r in rows) else 1
 
 
+def judge(out: Path, tolerance: float) -> int:
+    """Judge the runs of an earlier ``out/fidelity.csv`` again with this criterion; rewrite ``fidelity.json``
+    (its settings, server and provenance kept, the summary replaced)."""
+    csv_path, json_path = out / "fidelity.csv", out / "fidelity.json"
+    if not csv_path.exists() or not json_path.exists():
+        raise SystemExit(f"--judge: {csv_path} and {json_path} must both exist (written by a measuring run)")
+    doc = json.loads(json_path.read_text())
+    summary = fidelity.summarize(fidelity.read_rows(csv_path), reference=doc["reference"], tolerance=tolerance)
+    io.atomic_write_text(json_path, json.dumps({**doc, **summary}, indent=2, sort_keys=True, default=str) + "\n")
+    print_summary(summary)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.judge:
+        return judge(args.out, args.tolerance)
     install_signal_handlers()
     prompts_all = fidelity.load_prompts(args.prompts, args.input_len)
     if args.requests is not None and args.requests > len(prompts_all):

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from aiohttp import web
 
-from bench import fidelity
+from bench import fidelity, harness_fidelity
 from slmserve import analysis, runner
 from slmserve.loadgen import LoadSpec, _body, run_load, to_frame
 from tests.conftest import requires_engine
@@ -205,7 +205,7 @@ def test_bench_command_runs_offline_with_token_ids(tmp_path: Path) -> None:
         base_url="http://127.0.0.1:9", model="opt125m", dataset=tmp_path / "p.jsonl", n=64, output_len=256,
         concurrency=64, warmup=64, result_dir=tmp_path, result_file="r.json", python="py",
     )  # fmt: skip
-    assert cmd[:3] == ["py", "-c", fidelity.BENCH_LAUNCHER]
+    assert cmd[:4] == ["py", "-O", "-c", fidelity.BENCH_LAUNCHER]
     args = cmd[3:]
 
     def opt(name: str) -> str:
@@ -318,6 +318,15 @@ def test_summary_ratio_and_cv() -> None:
     assert b64["ratio"] == pytest.approx(100.5 / 99.5) and b64["within_tolerance"] is True  # 1.005%
     assert b64["clients"]["minimal"]["cv"] == pytest.approx(statistics.stdev([100.0, 99.0]) / 99.5)
     assert s["all_within_tolerance"] is False
+    # the verdict follows the ratio's CI: b=1 spreads 10-14 against 10 (inconclusive); two repeats at b=64
+    assert b1["verdict"] == "inconclusive" and b1["ratio_ci_lo"] < 1.0 < b1["ratio_ci_hi"]
+    assert b64["ratio_ci_lo"] < 100.5 / 99.5 < b64["ratio_ci_hi"] and b64["verdict"] == "inconclusive"
+    tight = [_row(8, i, c, v) for i, (a, b) in enumerate([(100.0, 100.2), (100.4, 100.0), (100.2, 100.4)])
+             for c, v in (("slmserve", a), ("minimal", b))]  # fmt: skip
+    (t,) = fidelity.summarize(tight)["batches"]
+    assert t["verdict"] == "agree" and fidelity.summarize(tight)["all_agree"] is True
+    far = [{**r, "throughput_rps": r["throughput_rps"] * (1.1 if r["client"] == "slmserve" else 1.0)} for r in tight]
+    assert fidelity.summarize(far)["batches"][0]["verdict"] == "differ"
     windowed = [{**r, "window_rps": r["throughput_rps"] * (1.1 if r["client"] == "minimal" else 1.0)} for r in rows]
     w1 = fidelity.summarize(windowed)["batches"][0]
     assert w1["clients"]["minimal"]["mean_window_rps"] == pytest.approx(11.0)
@@ -365,3 +374,20 @@ def test_write_outputs(tmp_path: Path) -> None:
     doc = json.loads(json_path.read_text())
     assert doc["provenance"] == {"git_sha": "abc"} and doc["batches"][0]["ratio"] == pytest.approx(1.0)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fidelity.csv", "fidelity.json"]  # no temp files
+
+
+def test_judge_reads_the_csv_back_and_keeps_the_run_description(tmp_path: Path, capsys) -> None:
+    rows = [_row(8, i, c, v) for i, (a, b) in enumerate([(100.0, 100.2), (100.4, 100.0), (100.2, 100.4)])
+            for c, v in (("slmserve", a), ("minimal", b))]  # fmt: skip
+    old = {**fidelity.summarize(rows), "settings": {"repeats": 3}, "provenance": {"git_sha": "abc"}}
+    for b in old["batches"]:  # a summary written before verdicts existed
+        del b["verdict"], b["ratio_ci_lo"], b["ratio_ci_hi"]
+    fidelity.write_outputs(tmp_path, rows, old)
+    assert fidelity.read_rows(tmp_path / "fidelity.csv")[0] == {**rows[0], "window_rps": None, "error": None,
+                                                                "peak_inflight": None}  # fmt: skip
+    assert harness_fidelity.main(["--out", str(tmp_path), "--judge"]) == 0
+    doc = json.loads((tmp_path / "fidelity.json").read_text())
+    assert doc["batches"][0]["verdict"] == "agree" and doc["provenance"] == {"git_sha": "abc"}
+    assert "95% CI [" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="must both exist"):
+        harness_fidelity.main(["--out", str(tmp_path / "none"), "--judge"])

@@ -32,6 +32,14 @@ def test_ratio_ci_brackets_the_ratio_and_narrows_with_agreement() -> None:
     assert stats.ratio_ci([1.0], [1.0, 2.0])["ci_lo"] is None
 
 
+def test_verdict_follows_the_interval() -> None:
+    assert stats.verdict(0.994, 1.039, 0.03) == "agree"  # contains 1, half-width 2.25%
+    assert stats.verdict(0.97, 1.03, 0.03) == "agree"  # the boundary is inside
+    assert stats.verdict(0.948, 1.023, 0.03) == "inconclusive"  # contains 1, half-width 3.75%
+    assert stats.verdict(1.041, 1.088, 0.03) == "differ" and stats.verdict(0.90, 0.99, 0.5) == "differ"
+    assert stats.verdict(None, None, 0.03) == "inconclusive"  # one repeat: no interval, no verdict
+
+
 def test_repeat_rule_counts_and_budget() -> None:
     assert wants_repeat([], 3, 10)  # the first always runs, however long
     assert wants_repeat([100.0], 3, None) and not wants_repeat([1.0, 1.0, 1.0], 3, None)

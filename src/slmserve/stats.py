@@ -48,3 +48,15 @@ def ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     df = (va + vb) ** 2 / (va**2 / (da["n"] - 1) + vb**2 / (db["n"] - 1))
     half = float(_st.t.ppf(0.5 + LEVEL / 2, df)) * rse * ratio
     return {"ratio": ratio, "ci_lo": ratio - half, "ci_hi": ratio + half}
+
+
+def verdict(ci_lo: float | None, ci_hi: float | None, tolerance: float) -> str:
+    """What a ratio's 95% CI ``[ci_lo, ci_hi]`` says of "the two are equal within ``tolerance``":
+    ``agree`` if it contains 1 and its half-width is at most ``tolerance`` (then the ratio itself is within
+    1 ± tolerance); ``differ`` if it excludes 1 (a difference the repeats resolve; its size is the ratio);
+    ``inconclusive`` if it contains 1 but is wider (too few repeats for the spread), or there is no interval."""
+    if ci_lo is None or ci_hi is None:
+        return "inconclusive"
+    if ci_hi < 1.0 or ci_lo > 1.0:
+        return "differ"
+    return "agree" if (ci_hi - ci_lo) / 2 <= tolerance + 1e-12 else "inconclusive"

@@ -1,0 +1,54 @@
+"""The GPU benchmarks' judging steps, on real result files: telemetry overhead (a CPU-engine smoke run of
+``bench/telemetry_overhead.py run``, in fixtures) and batch control (the H100 results in bench/results)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from bench import batch_control, telemetry_overhead
+from slmserve import io, stats
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests/fixtures/telemetry-overhead"
+H100 = ROOT / "bench/results/h100-batch-control/bench-out"
+
+
+def test_settings_alternate_which_goes_first() -> None:
+    assert [telemetry_overhead.order(r)[0] for r in range(4)] == ["sampler", "nosampler"] * 2
+
+
+def test_overhead_compare_pairs_the_settings(tmp_path: Path) -> None:
+    shutil.copytree(FIXTURE, tmp_path / "out")
+    frame = telemetry_overhead.compare(argparse.Namespace(out=tmp_path / "out"))
+    assert frame["batch_size"].to_list() == [2, 4] and set(frame["sampler_n"]) == set(frame["nosampler_n"]) == {2}
+    for row in frame.iter_rows(named=True):
+        assert row["ratio"] == pytest.approx(row["sampler_mean"] / row["nosampler_mean"])
+        assert row["loss_bound"] == pytest.approx(1 - row["ratio_ci_lo"])
+        assert row["goal_met"] is (row["loss_bound"] <= telemetry_overhead.GOAL)
+    assert pl.read_csv(tmp_path / "out/compare.csv").height == 2
+    # the runs are what their folders say: the sampler on in one setting, off in the other
+    for setting, on in (("sampler", True), ("nosampler", False)):
+        meta = io.read_meta(FIXTURE / f"opt125m/{setting}/bs2.requests.parquet")
+        assert {r["telemetry"]["enabled"] for r in meta["repeats"]} == {on}
+
+
+def test_overhead_compare_names_an_empty_folder(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"no \*/<setting>/bs\*\.requests\.parquet"):
+        telemetry_overhead.compare(argparse.Namespace(out=tmp_path))
+
+
+def test_batch_control_verdicts_on_the_h100_results(tmp_path: Path) -> None:
+    shutil.copytree(H100, tmp_path / "out", ignore=shutil.ignore_patterns("*.log", "*.txt"))
+    frame = batch_control.compare(argparse.Namespace(out=tmp_path / "out"))
+    got = {(r["model"], r["restart"], r["batch_size"]): r for r in frame.iter_rows(named=True)}
+    default = got[("opt1.3b", "restart", 64)]  # vLLM's default CUDA-graph sizes: 1.06 [1.04, 1.09]
+    pinned = got[("opt1.3b", "restart-graphs512", 64)]  # the same sizes on every server: 1.02 [0.99, 1.04]
+    assert (default["verdict"], pinned["verdict"]) == ("differ", "agree")
+    for r in got.values():
+        assert r["verdict"] == stats.verdict(r["ratio_ci_lo"], r["ratio_ci_hi"], batch_control.AGREEMENT)
+    assert len(got) == 20
