@@ -8,7 +8,8 @@ output tokens with ``ignore_eos``), three clients take turns and their throughpu
 * ``vllm-bench``: ``vllm bench serve`` in a subprocess (:func:`vllm_bench_client`). Offline and without a
   tokenizer it runs only as ``--skip-tokenizer-init --dataset-name custom`` on token-id prompts, with
   ``max_tokens``/``ignore_eos`` forced through ``--extra-body``; it always streams and needs pandas.
-  :data:`BENCH_LAUNCHER` stands in for the ``vllm`` console script, which the CPU wheel breaks;
+  :data:`BENCH_LAUNCHER` stands in for the ``vllm`` console script, which the CPU wheel breaks, and runs
+  under ``python -O`` (vLLM 0.26.0 asserts a tokenizer even under ``--skip-tokenizer-init``);
 * ``minimal``: a non-streaming aiohttp client with a semaphore (:func:`minimal_client`).
 
 Every client warms up with the same requests first. A response counts as completed only with
