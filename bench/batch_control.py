@@ -6,8 +6,8 @@
 
 ``run`` measures each mode with the workflow's own code (:func:`slmserve.runner.run_sweep`): ``scheduler``
 starts one server (``--max-num-seqs`` = the largest batch) and repeats the batch sizes interleaved;
-``restart`` starts one server per batch size and repeats each on it. 500 requests per point, except
-batch 1: 64 (a 500-request run at batch 1 takes minutes; stated in the output). Results:
+``restart`` starts one server per batch size and repeats each on it. 500 requests per point
+(``--requests``), except batch 1: 64 (a 500-request run at batch 1 takes minutes; stated in the output). Results:
 ``DIR/<model>/<mode>/bs<b>.{requests,telemetry}.parquet`` with provenance, as the workflow writes them.
 
 ``compare`` prints, per model, restart variant (``restart``, or ``restart-graphs<N>`` measured with
@@ -36,13 +36,13 @@ MODELS = {"opt125m": "config/models/opt-125m", "opt1.3b": "config/models/opt-1.3
 
 
 def sweep_job(model: str, mode: str, prompts: Path, out: Path, batches: list[int], repeats: int,
-              graphs: int | None = None) -> runner.SweepJob:  # fmt: skip
+              graphs: int | None = None, requests: int = 500) -> runner.SweepJob:  # fmt: skip
     base = out / model / (mode if graphs is None else f"{mode}-graphs{graphs}")
     return runner.SweepJob(
         model=model, model_path=MODELS[model], load_format="dummy", tensor_parallel=1, batch_sizes=batches,
         prompts_path=prompts, outputs={b: (base / f"bs{b}.requests.parquet", base / f"bs{b}.telemetry.parquet")
                                        for b in batches},
-        log_dir=out / "logs" / model / mode, input_len=512, output_len=256, num_requests=500,
+        log_dir=out / "logs" / model / mode, input_len=512, output_len=256, num_requests=requests,
         rounds_per_batch=64, min_requests=64, warmup_requests=8, batch_control=mode, repeats=repeats,
         stream_interval=16, profile="bench-batch-control", max_cudagraph_capture_size=graphs,
     )  # fmt: skip
@@ -50,7 +50,8 @@ def sweep_job(model: str, mode: str, prompts: Path, out: Path, batches: list[int
 
 def run(args: argparse.Namespace) -> None:
     for mode in args.modes:
-        job = sweep_job(args.model, mode, args.prompts, args.out, args.batches, args.repeats, args.graphs)
+        job = sweep_job(args.model, mode, args.prompts, args.out, args.batches, args.repeats, args.graphs,
+                        args.requests)  # fmt: skip
         if all(paths[0].exists() for paths in job.outputs.values()):
             print(f"== {args.model} {mode}: already measured", flush=True)
             continue
@@ -98,6 +99,8 @@ def main() -> int:
     r.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256, 512])
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--graphs", type=int, default=None, help="--max-cudagraph-capture-size of every server")
+    r.add_argument("--requests", type=int, default=500,
+                   help="requests per point (batch 1: 64); the prompts file must hold that many")  # fmt: skip
     c = sub.add_parser("compare")
     c.add_argument("out", type=Path)
     args = ap.parse_args()

@@ -128,6 +128,9 @@ def test_smoke_dag_end_to_end(tmp_path: Path) -> None:
     servers = rmeta["repeats"][0]["servers"]
     assert len(servers) == 2
     assert rmeta["run"]["batch_per_replica"] == cap["max_batch_admission"] // 2
+    # started together (config/smoke.yaml): the second was launched before the first was up
+    assert (rmeta["run"]["start"], rmeta["run"]["mps"]) == ("together", False)
+    assert servers[1]["launched_at"] < servers[0]["launched_at"] + servers[0]["startup_s"]
     assert abs(servers[0]["kv_cache_tokens"] - cap["kv_cache_tokens"] / 2) < 0.05 * cap["kv_cache_tokens"]
     rsum = pl.read_parquet(out / "summary/replication.parquet").sort("replicas")
     assert rsum["replicas"].to_list() == [1, 2] and (rsum["n_ok"] == 16).all()

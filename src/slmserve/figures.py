@@ -901,6 +901,20 @@ def _power_rule(candidates: pl.DataFrame, chosen: pl.DataFrame) -> list[str]:
 # --- Figures 5-7 and extra: replication ------------------------------------------------------------
 
 
+def _replica_setup_notes(summary: pl.DataFrame) -> list[str]:
+    """How the measured replicas ran (columns ``start`` and ``mps`` of the summary, where it has them)."""
+    if not {"start", "mps"} <= set(summary.columns):
+        return []
+    setups = ok_runs(summary).select("start", "mps").unique().sort("start", "mps").iter_rows(named=True)
+    said = [
+        ("started together, each with explicit KV-cache bytes from the probe" if r["start"] == "together"
+         else "started one after another") + ("; under NVIDIA MPS" if r["mps"]
+                                               else "; separate processes, time-sliced on the GPU (no MPS)")
+        for r in setups
+    ]  # fmt: skip
+    return [f"Replica servers: {' | '.join(said)}."] if said else []
+
+
 def _replication_notes(summary: pl.DataFrame) -> list[str]:
     notes = [
         "Replicas of one model share one GPU, each with an equal share of the configured memory share; the "
@@ -918,6 +932,7 @@ def _replication_notes(summary: pl.DataFrame) -> list[str]:
             f"{names[r['model']][0]} ×{r['replicas']}: {r['batch_per_replica']}" for r in per.iter_rows(named=True)
         )
         notes.append(f"Batch per replica = the largest one-GPU batch / replicas ({batches or 'none'}).")
+    notes += _replica_setup_notes(summary)
     if "status" in summary.columns:
         bad = summary.filter(pl.col("status") != "ok").sort(["model", "replicas"])
         names = model_names(summary)

@@ -2,8 +2,9 @@
 
 ``n`` vLLM servers of the same model share one GPU: each gets ``memory_share / n`` of its memory, a batch
 of ``one-GPU maximum // n`` (``--max-num-seqs``) and an even part of the requests, all sent at once to
-all replicas. The servers start one after another (vLLM checks free memory at start-up), then the
-replicas are loaded together, ``repeats`` times.
+all replicas. The servers start one after another (``sequential``: vLLM sizes its KV cache from the free
+memory), or ``together`` with explicit KV-cache bytes (:func:`replica_kv_bytes`); optionally under NVIDIA
+MPS (:mod:`slmserve.mps`). Then the replicas are loaded together, ``repeats`` times.
 """
 
 from __future__ import annotations
@@ -11,19 +12,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from slmserve import analysis, layout, telemetry
-from slmserve.gpuslots import GpuSlots
+from slmserve import analysis, capacity, layout, mps, nvml, telemetry
+from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.jobguard import guard
 from slmserve.measure import Measurement, batch_fits, header, measure, write_point, write_unmeasured
 from slmserve.runner import SweepJob, load_prompts, load_spec, server_spec, wants_repeat
-from slmserve.server import InfeasibleError, VllmServer
+from slmserve.server import InfeasibleError, ServerSpec, VllmServer
 
 log = logging.getLogger(__name__)
+
+START_MODES = ("sequential", "together")
 
 
 def split_evenly(n: int, parts: int) -> list[range]:
@@ -37,19 +41,77 @@ def split_evenly(n: int, parts: int) -> list[range]:
     return out
 
 
-def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path) -> dict[str, Any]:
-    """Run ``replicas`` servers of ``job.model`` on one GPU; write ``out`` (requests of all replicas,
-    column ``replica``) and the telemetry beside it (:func:`slmserve.analysis.telemetry_path`)."""
+def replica_kv_bytes(probe: Mapping[str, Any], share: float, total_bytes: float, kv_bytes_per_token: int) -> int:
+    """KV-cache bytes for a replica started with ``--kv-cache-memory-bytes``: what vLLM's own profiling gives a
+    server of memory share ``s`` started alone, ``s·T − (u·T − K·b)``, with ``T`` the GPU's memory, ``u`` and
+    ``K`` the whole-GPU probe's memory share and KV-cache tokens, and ``b`` the KV bytes per token: the bracket
+    is what one server holds besides its KV cache (weights, activations, CUDA context and graphs), as the
+    probe measured it. Raises :class:`InfeasibleError` if nothing is left for the KV cache."""
+    used = float(probe["gpu_memory_utilization"]) * total_bytes - int(probe["kv_cache_tokens"]) * kv_bytes_per_token
+    kv = int(share * total_bytes - used)
+    if kv <= 0:
+        raise InfeasibleError(f"a share of {share:.3f} x {total_bytes / 1e9:.1f} GB leaves no KV cache after the "
+                              f"{used / 1e9:.2f} GB one server holds besides it (probe)")  # fmt: skip
+    return kv
+
+
+def replica_specs(share: SweepJob, alloc: Allocation, batch: int, replicas: int, probe: Mapping[str, Any] | None,
+                  start: str, daemon: mps.Daemon | None) -> list[ServerSpec]:  # fmt: skip
+    """The replicas' servers. Started ``together``, GPU servers get explicit KV-cache bytes
+    (:func:`replica_kv_bytes`): vLLM would otherwise size each from the free memory the others are taking.
+    Under MPS each gets the daemon's environment."""
+    specs = [server_spec(share, alloc, batch, f"r{replicas}-{i}") for i in range(replicas)]
+    if start == "together" and specs[0].kv_cache_memory_bytes is None:  # GPU; the CPU engine has explicit bytes
+        if probe is None or not alloc.nvml_indices:
+            raise ValueError("replicas started together on a GPU need the whole-GPU probe and NVML")
+        total = nvml.total_memory_bytes(alloc.nvml_indices[0])
+        per_token = capacity.kv_bytes_per_token(capacity.load_config(share.model_path))
+        kv = replica_kv_bytes(probe, specs[0].gpu_memory_utilization or share.memory_share, total, per_token)
+        specs = [dataclasses.replace(s, kv_cache_memory_bytes=kv) for s in specs]
+    if daemon is not None:
+        specs = [dataclasses.replace(s, env={**s.env, **daemon.env()}) for s in specs]
+    return specs
+
+
+def start_replicas(stack: contextlib.ExitStack, specs: list[ServerSpec], together: bool) -> list[VllmServer]:
+    """Start the servers, each stopped when ``stack`` closes: one after another, or all launched at once
+    and then waited for. An :class:`InfeasibleError` names the replica that vLLM refused."""
+    servers = [VllmServer(spec) for spec in specs]
+    for i, srv in enumerate(servers):
+        stack.callback(srv.stop)
+        try:
+            srv.launch() if together else srv.start()
+        except InfeasibleError as exc:
+            raise InfeasibleError(f"replica {i}: {exc.reason}") from exc
+    for i, srv in enumerate(servers if together else []):
+        try:
+            srv.wait_ready()
+        except InfeasibleError as exc:
+            raise InfeasibleError(f"replica {i}: {exc.reason}") from exc
+    return servers
+
+
+def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *,
+                    probe: Mapping[str, Any] | None = None, start: str = "sequential",
+                    use_mps: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Run ``replicas`` servers of ``job.model`` on one GPU, started ``sequential`` or ``together``, under
+    MPS if ``use_mps``; write ``out`` (requests of all replicas, column ``replica``) and the telemetry beside
+    it (:func:`slmserve.analysis.telemetry_path`). ``probe`` is the whole-GPU KV-cache probe."""
+    if start not in START_MODES:
+        raise ValueError(f"replication start {start!r}: allowed values are {', '.join(START_MODES)}")
     batch = one_gpu_max // replicas
     paths = (out, layout.telemetry_path(out))
     with guard([out], f"{job.model} x{replicas}"):
         prompts = load_prompts(job)
         with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
-            run = {**job.describe(), "replicas": replicas, "batch_per_replica": batch,
-                   "one_gpu_max_batch": one_gpu_max, "batch_sizes": None}  # fmt: skip
+            run = {**job.describe(), "replicas": replicas, "batch_per_replica": batch, "one_gpu_max_batch": one_gpu_max,
+                   "batch_sizes": None, "start": start, "mps": use_mps}  # fmt: skip
             head = header(run, alloc.ids, alloc.nvml_indices)
             if batch < 1:
                 return write_unmeasured(paths, head, f"one-GPU maximum batch {one_gpu_max} < {replicas} replicas")
+            why = mps.unavailable(alloc.ids) if use_mps else None
+            if why is not None:
+                return write_unmeasured(paths, head, why, status="unsupported")
             share = dataclasses.replace(
                 job,
                 memory_share=job.memory_share / replicas,
@@ -58,28 +120,38 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path) -
                 batch_control="restart",
             )
             with contextlib.ExitStack() as stack:
-                servers: list[VllmServer] = []
+                daemon = stack.enter_context(mps.Daemon(alloc.ids, job.log_dir / f"mps-{job.model}-r{replicas}")) \
+                    if use_mps else None  # fmt: skip
                 try:
-                    for i in range(replicas):
-                        spec = server_spec(share, alloc, batch, f"r{replicas}-{i}")
-                        servers.append(stack.enter_context(VllmServer(spec)))
+                    specs = replica_specs(share, alloc, batch, replicas, probe, start, daemon)
+                    servers = start_replicas(stack, specs, together=start == "together")
                 except InfeasibleError as exc:
-                    return write_unmeasured(paths, head, f"replica {len(servers)}: {exc.reason}")
-                for i, srv in enumerate(servers):
-                    reason = batch_fits(batch, srv, job.input_len, job.output_len, job.fits)
-                    if reason is not None:
-                        return write_unmeasured(paths, head, f"replica {i}: {reason}")
-                parts = split_evenly(prompts.height, replicas)
-                specs = [load_spec(share, srv, batch, prompts[p.start : p.stop], replica=i)
-                         for i, (srv, p) in enumerate(zip(servers, parts, strict=True))]  # fmt: skip
-                runs: list[Measurement] = []
-                while wants_repeat([m.wall_s for m in runs], job.repeats, job.repeat_budget_s):
-                    runs.append(measure(servers, specs, alloc.nvml_indices, interval_s=job.telemetry_interval_s,
-                                        sample=job.telemetry_enabled, where=""))  # fmt: skip
-                meta = write_point(paths, head, runs)
-                log.info("%s x%d: %d repeats, %s requests done", job.model, replicas, len(runs),
-                         [ld["n_ok"] for ld in runs[-1].meta["loads"]])  # fmt: skip
-                return meta
+                    return write_unmeasured(paths, head, exc.reason)
+                head["run"]["mps_servers"] = daemon.check_server() if daemon is not None else None
+                return _measure_replicas(job, share, servers, batch, prompts, alloc, paths, head)
+
+
+def _measure_replicas(job: SweepJob, share: SweepJob, servers: list[VllmServer], batch: int, prompts: pl.DataFrame,
+                      alloc: Allocation, paths: tuple[Path, Path], head: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Load the started replicas together, ``job.repeats`` times (within its budget), and write the point."""
+    replicas = len(servers)
+    for i, srv in enumerate(servers):
+        reason = batch_fits(batch, srv, job.input_len, job.output_len, job.fits)
+        if reason is not None:
+            return write_unmeasured(paths, head, f"replica {i}: {reason}")
+    log.info("%s x%d up: start-up %s s, KV cache %s tokens", job.model, replicas,
+             [round(srv.startup_s or 0, 1) for srv in servers], [srv.kv_cache_tokens for srv in servers])  # fmt: skip
+    parts = split_evenly(prompts.height, replicas)
+    specs = [load_spec(share, srv, batch, prompts[p.start : p.stop], replica=i)
+             for i, (srv, p) in enumerate(zip(servers, parts, strict=True))]  # fmt: skip
+    runs: list[Measurement] = []
+    while wants_repeat([m.wall_s for m in runs], job.repeats, job.repeat_budget_s):
+        runs.append(measure(servers, specs, alloc.nvml_indices, interval_s=job.telemetry_interval_s,
+                            sample=job.telemetry_enabled, where=""))  # fmt: skip
+    meta = write_point(paths, head, runs)
+    log.info("%s x%d: %d repeats, %s requests done", job.model, replicas, len(runs),
+             [ld["n_ok"] for ld in runs[-1].meta["loads"]])  # fmt: skip
+    return meta
 
 
 def _replication_row(meta: dict[str, Any], path: str, models: dict[str, Any] | None) -> dict[str, Any]:
@@ -88,6 +160,7 @@ def _replication_row(meta: dict[str, Any], path: str, models: dict[str, Any] | N
     return {
         "model": run["model"], "family": entry.get("family"), "params": entry.get("params"),
         "replicas": run["replicas"], "batch_per_replica": run["batch_per_replica"],
+        "start": run.get("start", "sequential"), "mps": bool(run.get("mps", False)),
         "input_len": run["input_len"], "output_len": run["output_len"],
         "status": meta["status"], "reason": meta.get("reason"),
         "gpu_model": analysis.gpu_model(prov),

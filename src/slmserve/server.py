@@ -278,6 +278,7 @@ class VllmServer:
         self._port_fd: int | None = None
         self._log: IO[bytes] | None = None
         self._log_start = 0  # where this start's part of the (appended) log begins
+        self.launched_at = 0.0  # when the process was launched (time.monotonic)
         self.startup_s: float | None = None
         self.kv_cache_tokens: int | None = None
         self.block_size: int | None = None
@@ -313,6 +314,13 @@ class VllmServer:
         self.stop()
 
     def start(self) -> None:
+        """Start the server and wait until it is healthy (:meth:`launch`, then :meth:`wait_ready`)."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the server process and return at once; :meth:`wait_ready` waits for it. Several servers
+        launched before any is waited for start together."""
         spec = self.spec
         self.port, self._port_fd = reserve_port()
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -325,7 +333,7 @@ class VllmServer:
         env.setdefault("NCCL_NVLS_ENABLE", "0")
         env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-        t0 = time.monotonic()
+        self.launched_at = time.monotonic()
         self.proc = subprocess.Popen(
             spec.argv(self.port),
             stdout=self._log,
@@ -335,8 +343,11 @@ class VllmServer:
             start_new_session=True,
             preexec_fn=_pdeathsig,
         )
-        self._wait_healthy(t0)
-        self.startup_s = time.monotonic() - t0
+
+    def wait_ready(self) -> None:
+        """Wait until the launched server answers /health (or raise why not); read its KV capacity."""
+        self._wait_healthy(self.launched_at)
+        self.startup_s = time.monotonic() - self.launched_at
         self._read_kv_capacity()
 
     def _fail(self, message: str, exited: bool) -> None:
@@ -401,6 +412,7 @@ class VllmServer:
         return {
             "port": self.port,
             "startup_s": self.startup_s,
+            "launched_at": self.launched_at,  # time.monotonic() of the launch: compare within one job only
             "kv_cache_tokens": self.kv_cache_tokens,
             "block_size": self.block_size,
             "argv": self.spec.argv(self.port or 0)[1:],

@@ -1,0 +1,140 @@
+"""NVIDIA MPS for the replicas of one replication job: a job-private control daemon.
+
+Under MPS the replica servers' kernels run concurrently on the GPU instead of being time-sliced. The job
+starts its own control daemon (``nvidia-cuda-mps-control -d``) with a private pipe and log directory
+(``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``) and the job's ``CUDA_VISIBLE_DEVICES``; every
+replica server gets the same variables (:meth:`Daemon.env`), so it connects to this daemon and no other.
+The daemon starts its MPS server when the first client connects; :meth:`Daemon.check_server` asks the
+daemon for its servers after the replicas are up. Leaving the ``with`` block, however it is left
+(success, an exception, the SIGTERM that :mod:`slmserve.jobguard` turns into one), quits the daemon with
+``echo quit | nvidia-cuda-mps-control``. The GPU's compute mode is never changed: MPS clients of one
+daemon share a GPU in the default mode.
+
+Where MPS cannot run (no GPU: the CPU engine; no control binary on the host) :func:`unavailable` says why,
+and the replication job records the run as ``unsupported`` with that reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+log = logging.getLogger(__name__)
+
+CONTROL = "nvidia-cuda-mps-control"
+# Where the NVIDIA container toolkit mounts the binaries when they are not on PATH.
+FALLBACK_DIRS = ("/usr/local/nvidia/bin", "/usr/bin")
+CONTROL_ENV = "SLMSERVE_MPS_CONTROL"  # an explicit path to the control binary
+TIMEOUT_S = 30.0
+
+
+class MpsError(RuntimeError):
+    """The MPS daemon did not start, did not start a server, or did not quit."""
+
+
+def control_binary() -> str | None:
+    """The control binary: ``$SLMSERVE_MPS_CONTROL``, else on PATH, else in :data:`FALLBACK_DIRS`."""
+    explicit = os.environ.get(CONTROL_ENV)
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    found = shutil.which(CONTROL)
+    if found:
+        return found
+    for folder in FALLBACK_DIRS:
+        path = Path(folder) / CONTROL
+        if os.access(path, os.X_OK):
+            return str(path)
+    return None
+
+
+def unavailable(gpu_ids: Sequence[str]) -> str | None:
+    """Why MPS cannot run for a job holding ``gpu_ids``; None if it can."""
+    if not gpu_ids:
+        return "MPS needs a GPU; this job has none (CPU engine): set experiments.replication.mps: false"
+    if control_binary() is None:
+        return (f"MPS control daemon not found ({CONTROL} not on PATH nor in {', '.join(FALLBACK_DIRS)}; "
+                f"set {CONTROL_ENV} to its path, or experiments.replication.mps: false)")  # fmt: skip
+    return None
+
+
+class Daemon:
+    """A job-private MPS control daemon for ``gpu_ids``; use as a context manager."""
+
+    def __init__(self, gpu_ids: Sequence[str], log_dir: Path, timeout_s: float = TIMEOUT_S) -> None:
+        binary = control_binary()
+        if binary is None:
+            raise MpsError(unavailable(gpu_ids) or CONTROL + " not found")
+        self.binary = binary
+        self.gpu_ids = list(gpu_ids)
+        self.log_dir = Path(log_dir)
+        self.timeout_s = timeout_s
+        # The pipe directory holds Unix sockets (path length limited): a short private one under /tmp.
+        self.pipe_dir: Path | None = None
+        self.running = False
+
+    def env(self) -> dict[str, str]:
+        """What the daemon and every client of it need in its environment."""
+        if self.pipe_dir is None:
+            raise MpsError("the MPS daemon is not started")
+        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
+                "CUDA_VISIBLE_DEVICES": ",".join(self.gpu_ids)}  # fmt: skip
+
+    def _control(self, *args: str, stdin: str | None = None) -> str:
+        done = subprocess.run([self.binary, *args], input=stdin, capture_output=True, text=True,
+                              env={**os.environ, **self.env()}, timeout=self.timeout_s, check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise MpsError(f"{self.binary} {' '.join(args) or '<<< ' + (stdin or '').strip()} exited with "
+                           f"{done.returncode}: {(done.stderr or done.stdout).strip()[-500:]} "
+                           f"(daemon log: {self.log_dir / 'control.log'})")  # fmt: skip
+        return done.stdout
+
+    def start(self) -> None:
+        """Start the daemon; if it does not start, leave nothing behind."""
+        self.pipe_dir = Path(tempfile.mkdtemp(prefix="slmserve-mps-"))
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self._control("-d")
+        except BaseException:
+            self.stop()
+            raise
+        self.running = True
+
+    def check_server(self) -> list[int]:
+        """The pids of the daemon's MPS servers (one per user once a client connected); an error if none."""
+        pids = [int(tok) for tok in self._control(stdin="get_server_list\n").split() if tok.isdigit()]
+        if not pids:
+            raise MpsError(f"no nvidia-cuda-mps-server runs under the daemon (daemon log: {self.log_dir})")
+        return pids
+
+    def stop(self) -> None:
+        """Quit the daemon (it stops its servers) and remove the pipe directory."""
+        try:
+            if self.running:
+                self.running = False
+                self._control(stdin="quit\n")
+        finally:
+            if self.pipe_dir is not None:
+                shutil.rmtree(self.pipe_dir, ignore_errors=True)
+                self.pipe_dir = None
+
+    def info(self) -> Mapping[str, object]:
+        return {"mps": True, "control": self.binary, "log_dir": str(self.log_dir)}
+
+    def __enter__(self) -> Daemon:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        try:
+            self.stop()
+        except (MpsError, OSError, subprocess.TimeoutExpired) as err:
+            if exc is None:
+                raise
+            log.error("quitting the MPS daemon failed too: %s", err)  # keep the error that got us here

@@ -1,0 +1,142 @@
+"""Replicas without the engine: MPS's daemon driven through a stand-in control binary (named as such),
+replicas started together (stand-in servers from test_server), their KV-cache bytes, and MPS recorded
+as unsupported where there is no GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import stat
+import sys
+import textwrap
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from slmserve import dataset, io, mps, replication
+from slmserve.runner import SweepJob
+from slmserve.server import InfeasibleError, VllmServer
+from tests.test_server import gone, pids_of, stand_in  # noqa: F401  (stand_in is a fixture)
+
+# A stand-in for nvidia-cuda-mps-control: "-d" starts nothing and succeeds (STAND_IN_MPS_FAIL makes it
+# fail), stdin commands are logged with the environment the daemon would have; get_server_list prints a pid.
+STAND_IN_CONTROL = textwrap.dedent(
+    """\
+    #!/usr/bin/env python3
+    import os, sys
+    log = open(os.environ["STAND_IN_MPS_LOG"], "a")
+    pipe, logdir, cvd = (os.environ.get(k) for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
+                                                       "CUDA_VISIBLE_DEVICES"))
+    if sys.argv[1:] == ["-d"]:
+        log.write(f"start {pipe} {logdir} {cvd}\\n")
+        if os.environ.get("STAND_IN_MPS_FAIL"):
+            print("An instance of this daemon is already running", file=sys.stderr); sys.exit(1)
+        sys.exit(0)
+    cmd = sys.stdin.read().strip()
+    log.write(f"{cmd} {pipe}\\n")
+    if cmd == "get_server_list" and not os.environ.get("STAND_IN_MPS_NOSERVER"):
+        print(4242)
+    """
+)
+
+
+@pytest.fixture
+def control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    binary = tmp_path / "stand_in_mps_control"
+    binary.write_text(STAND_IN_CONTROL.replace("#!/usr/bin/env python3", f"#!{sys.executable}", 1))
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(mps.CONTROL_ENV, str(binary))
+    log = tmp_path / "control.log"
+    monkeypatch.setenv("STAND_IN_MPS_LOG", str(log))
+    return log
+
+
+def test_daemon_is_private_and_quit_on_the_way_out(tmp_path: Path, control: Path) -> None:
+    with mps.Daemon(["3"], tmp_path / "mps-logs") as daemon:
+        env = daemon.env()
+        pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+        assert pipe.is_dir() and env["CUDA_VISIBLE_DEVICES"] == "3" and (tmp_path / "mps-logs").is_dir()
+        assert daemon.check_server() == [4242]
+    assert control.read_text().splitlines() == [f"start {pipe} {tmp_path / 'mps-logs'} 3",
+                                                f"get_server_list {pipe}", f"quit {pipe}"]  # fmt: skip
+    assert not pipe.exists()  # its pipe directory goes with it
+
+
+def test_daemon_quits_when_the_job_fails(tmp_path: Path, control: Path) -> None:
+    with pytest.raises(RuntimeError, match="replica died"), mps.Daemon(["0"], tmp_path / "logs"):
+        raise RuntimeError("replica died")
+    assert control.read_text().splitlines()[-1].startswith("quit ")
+
+
+def test_daemon_errors_name_the_cause(tmp_path: Path, control: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STAND_IN_MPS_FAIL", "1")
+    with pytest.raises(mps.MpsError, match="exited with 1: An instance of this daemon is already running"):
+        mps.Daemon(["0"], tmp_path / "logs").__enter__()
+    assert not [ln for ln in control.read_text().splitlines() if ln.startswith("quit")]  # never started
+    monkeypatch.delenv("STAND_IN_MPS_FAIL")
+    monkeypatch.setenv("STAND_IN_MPS_NOSERVER", "1")
+    with mps.Daemon(["0"], tmp_path / "logs") as daemon, pytest.raises(mps.MpsError, match="no nvidia-cuda-mps-server"):
+        daemon.check_server()
+
+
+def test_where_mps_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "CPU engine" in (mps.unavailable([]) or "")
+    monkeypatch.setenv(mps.CONTROL_ENV, str(tmp_path / "missing"))
+    assert "MPS control daemon not found" in (mps.unavailable(["0"]) or "")
+    with pytest.raises(mps.MpsError, match="not found"):
+        mps.Daemon(["0"], tmp_path)
+
+
+def test_mps_without_a_gpu_is_recorded_as_unsupported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    prompts = tmp_path / "prompts.parquet"
+    rows = {"request_id": [0, 1], "source_id": ["a", "b"], "source_index": [0, 1], "original_len": [9, 9],
+            "prompt_len": [4, 4], "token_ids": [[1, 2, 3, 4]] * 2, "tokenizer": ["t"] * 2}  # fmt: skip
+    io.write_parquet(pl.DataFrame(rows, schema=dataset.SCHEMA), prompts, {})
+    job = SweepJob(model="opt125m", model_path="config/models/opt-125m", load_format="dummy", tensor_parallel=1,
+                   batch_sizes=[], prompts_path=prompts, outputs={}, log_dir=tmp_path, input_len=4, output_len=4,
+                   num_requests=2, telemetry_enabled=False)  # fmt: skip
+    out = tmp_path / "opt125m_r2.parquet"
+    meta = replication.run_replication(job, 2, 8, out, use_mps=True)
+    assert meta["status"] == "unsupported" and "MPS needs a GPU" in meta["reason"]
+    (row,) = replication.summarize_repeats(out)
+    assert (row["status"], row["mps"], row["start"], row["replicas"]) == ("unsupported", True, "sequential", 2)
+    with pytest.raises(ValueError, match="replication start 'parallel': allowed values are sequential, together"):
+        replication.run_replication(job, 2, 8, out, start="parallel")
+
+
+def test_replica_kv_bytes_leave_out_what_one_server_holds_besides_its_cache() -> None:
+    probe = {"gpu_memory_utilization": 0.9, "kv_cache_tokens": 373_008}  # OPT-1.3B, whole H100
+    total, per_token = 85e9, 196_608  # 24 layers x 2 x 2048 x fp16
+    used = 0.9 * total - 373_008 * per_token  # weights, activations, context, graphs
+    kv = replication.replica_kv_bytes(probe, 0.45, total, per_token)
+    assert kv == int(0.45 * total - used)
+    assert replication.replica_kv_bytes(probe, 0.9, total, per_token) == pytest.approx(373_008 * per_token, abs=1)
+    with pytest.raises(InfeasibleError, match="leaves no KV cache"):
+        replication.replica_kv_bytes(probe, 0.03, total, per_token)  # 2.55 GB < the 3.16 GB besides the cache
+
+
+def test_replicas_started_together_launch_before_any_is_ready(stand_in, tmp_path: Path) -> None:  # noqa: F811
+    specs = []
+    for i in range(2):
+        spec, pids = stand_in("serve")
+        spec.env = {**spec.env, "STAND_IN_PIDS": str(tmp_path / f"pids-{i}")}
+        specs.append(spec)
+    with contextlib.ExitStack() as stack:
+        servers = replication.start_replicas(stack, specs, together=True)
+        assert all(isinstance(s, VllmServer) and s.alive() and s.kv_cache_tokens == 1234 * 16 for s in servers)
+        pids = [pids_of(tmp_path / f"pids-{i}") for i in range(2)]
+        # both processes were launched before the first one was waited for
+        assert servers[1].launched_at <= servers[0].launched_at + servers[0].startup_s
+    assert all(gone(p) for group in pids for p in group)
+
+
+def test_a_refused_replica_is_named_and_the_others_stop(stand_in, tmp_path: Path) -> None:  # noqa: F811
+    ok, ok_pids = stand_in("serve")
+    refused, _ = stand_in("nomem")
+    for together in (True, False):
+        with pytest.raises(InfeasibleError) as err, contextlib.ExitStack() as stack:
+            replication.start_replicas(stack, [ok, refused], together=together)
+        assert err.value.reason.startswith("replica 1: ValueError: No available memory")
+        assert all(gone(p) for p in pids_of(ok_pids))
