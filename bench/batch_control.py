@@ -24,6 +24,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -59,33 +60,51 @@ def run(args: argparse.Namespace) -> None:
         print(f"== {args.model} {mode}: done", flush=True)
 
 
-def compare(args: argparse.Namespace) -> pl.DataFrame:
-    paths = sorted(str(p) for p in args.out.glob("*/*/bs*.requests.parquet"))
+def repeat_throughputs(out: Path, level: str) -> pl.DataFrame:
+    """One row per measured repeat of every ``out/<model>/<level>/bs<b>.requests.parquet`` (its summary,
+    :func:`slmserve.analysis.summarize_repeats`, with ``path``)."""
+    paths = sorted(str(p) for p in out.glob("*/*/bs*.requests.parquet"))
+    if not paths:
+        raise SystemExit(f"{out}: no */<{level}>/bs*.requests.parquet here; run `run` first")
     rows = pl.DataFrame([r for p in paths for r in analysis.summarize_repeats(p)], infer_schema_length=None)
-    rows = rows.filter(pl.col("status") == "ok")
-    rows = rows.with_columns(mode=pl.col("path").str.extract(r"/(scheduler|restart|client)[^/]*/bs"),
-                             variant=pl.col("path").str.extract(r"/(restart[^/]*)/bs"))  # fmt: skip
+    return rows.filter(pl.col("status") == "ok")
+
+
+def paired_columns(by: dict[str, list[float]]) -> dict[str, Any]:
+    """For two named samples of throughput (first / second): each one's n, mean and 95% CI, and the ratio
+    of their means with its 95% CI (:func:`slmserve.stats.ratio_ci`)."""
+    row: dict[str, Any] = {}
+    for name, xs in by.items():
+        d = stats.describe(xs)
+        row.update({f"{name}_n": d["n"], f"{name}_mean": d["mean"], f"{name}_ci_lo": d["ci_lo"],
+                    f"{name}_ci_hi": d["ci_hi"]})  # fmt: skip
+    r = stats.ratio_ci(*by.values())
+    return {**row, "ratio": r["ratio"], "ratio_ci_lo": r["ci_lo"], "ratio_ci_hi": r["ci_hi"]}
+
+
+def write_table(frame: pl.DataFrame, out: Path, precision: int) -> pl.DataFrame:
+    """Write ``frame`` as ``out/compare.csv``, print it and return it."""
+    frame.write_csv(out / "compare.csv")
+    with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=220, float_precision=precision):
+        print(frame)
+    return frame
+
+
+def compare(args: argparse.Namespace) -> pl.DataFrame:
+    rows = repeat_throughputs(args.out, "mode").with_columns(
+        mode=pl.col("path").str.extract(r"/(scheduler|restart|client)[^/]*/bs"),
+        variant=pl.col("path").str.extract(r"/(restart[^/]*)/bs"),
+    )
     out = []
     sched = rows.filter(pl.col("path").str.contains("/scheduler/"))  # the plain scheduler runs, no variant
     for (model, variant, batch), g in rows.filter(pl.col("mode") == "restart").group_by(
         "model", "variant", "batch_size", maintain_order=True
     ):
         ref = sched.filter(pl.col("model") == model, pl.col("batch_size") == batch)
-        by = {"scheduler": ref["throughput_rps"].to_list(), "restart": g["throughput_rps"].to_list()}
-        row = {"model": model, "restart": variant, "batch_size": batch}
-        for mode, xs in by.items():
-            s = stats.describe(xs)
-            row.update({f"{mode}_n": s["n"], f"{mode}_mean": s["mean"], f"{mode}_ci_lo": s["ci_lo"],
-                        f"{mode}_ci_hi": s["ci_hi"]})  # fmt: skip
-        ratio = stats.ratio_ci(by["scheduler"], by["restart"])
-        row.update(ratio=ratio["ratio"], ratio_ci_lo=ratio["ci_lo"], ratio_ci_hi=ratio["ci_hi"],
-                   verdict=stats.verdict(ratio["ci_lo"], ratio["ci_hi"], AGREEMENT))  # fmt: skip
-        out.append(row)
-    frame = pl.DataFrame(out).sort("model", "restart", "batch_size")
-    frame.write_csv(args.out / "compare.csv")
-    with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=220, float_precision=3):
-        print(frame)
-    return frame
+        row = paired_columns({"scheduler": ref["throughput_rps"].to_list(), "restart": g["throughput_rps"].to_list()})
+        verdict = stats.verdict(row["ratio_ci_lo"], row["ratio_ci_hi"], AGREEMENT)
+        out.append({"model": model, "restart": variant, "batch_size": batch, **row, "verdict": verdict})
+    return write_table(pl.DataFrame(out).sort("model", "restart", "batch_size"), args.out, precision=3)
 
 
 def main() -> int:

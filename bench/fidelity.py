@@ -502,11 +502,9 @@ def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``fidelity.csv`` (:func:`rows_csv`), numbers as numbers and empty fields as None."""
-    ints, floats = {"batch", "repeat", "n", "ok", "peak_inflight"}, {"throughput_rps", "output_tok_s",
-                                                                     "duration_s", "window_rps"}  # fmt: skip
-    with path.open(newline="") as f:
-        return [{k: None if v == "" else int(v) if k in ints else float(v) if k in floats else v
-                 for k, v in r.items()} for r in csv.DictReader(f)]  # fmt: skip
+    ints = dict.fromkeys(("batch", "repeat", "n", "ok", "peak_inflight"), pl.Int64)
+    floats = dict.fromkeys(("throughput_rps", "output_tok_s", "duration_s", "window_rps"), pl.Float64)
+    return pl.read_csv(path, schema_overrides={**ints, **floats, "client": pl.String, "error": pl.String}).to_dicts()
 
 
 def write_outputs(out: Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> tuple[Path, Path]:

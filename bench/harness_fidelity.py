@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from bench import fidelity
 from bench.fidelity import MINIMAL, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
-from slmserve import io, provenance, runner
+from slmserve import provenance, runner
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.measure import batch_fits
 from slmserve.server import VllmServer, install_signal_handlers
@@ -218,8 +218,9 @@ def judge(out: Path, tolerance: float) -> int:
     if not csv_path.exists() or not json_path.exists():
         raise SystemExit(f"--judge: {csv_path} and {json_path} must both exist (written by a measuring run)")
     doc = json.loads(json_path.read_text())
-    summary = fidelity.summarize(fidelity.read_rows(csv_path), reference=doc["reference"], tolerance=tolerance)
-    io.atomic_write_text(json_path, json.dumps({**doc, **summary}, indent=2, sort_keys=True, default=str) + "\n")
+    rows = fidelity.read_rows(csv_path)
+    summary = fidelity.summarize(rows, reference=doc["reference"], tolerance=tolerance)
+    fidelity.write_outputs(out, rows, {**doc, **summary})
     print_summary(summary)
     return 0
 

@@ -28,10 +28,10 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from bench.batch_control import MODELS, sweep_job
-from slmserve import analysis, runner, stats
+from bench.batch_control import MODELS, paired_columns, repeat_throughputs, sweep_job, write_table
+from slmserve import runner
 from slmserve.gpuslots import GpuSlots
-from slmserve.measure import Measurement, header, measure, write_point
+from slmserve.measure import header, write_point
 from slmserve.server import VllmServer
 
 log = logging.getLogger("telemetry_overhead")
@@ -65,51 +65,34 @@ def run(args: argparse.Namespace) -> None:
     first = by["sampler"]
     prompts = runner.load_prompts(first)
     with GpuSlots(1, label=f"{args.model} telemetry overhead") as alloc:
-        heads = {(n, b): header({**j.describe(), "batch_size": b, "batch_sizes": None}, alloc.ids, alloc.nvml_indices)
-                 for n, j in by.items() for b in args.batches}  # fmt: skip
-        runs: dict[tuple[str, int], list[Measurement]] = {key: [] for key in heads}
+        points = {(n, b): runner.Point(b, j, j.outputs[b]) for n, j in by.items() for b in args.batches}
+        for p in points.values():
+            p.head = header(p.meta_run(), alloc.ids, alloc.nvml_indices)
         with VllmServer(runner.server_spec(first, alloc, max(args.batches), "telemetry")) as srv:
             log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
             for repeat in range(args.repeats):
                 for b in args.batches:
                     for name in order(repeat):
-                        job = by[name]
-                        spec = runner.load_spec(job, srv, b, prompts.head(runner.requests_for(job, b)))
-                        m = measure([srv], [spec], alloc.nvml_indices, interval_s=job.telemetry_interval_s,
-                                    sample=job.telemetry_enabled, where=f"at batch {b} ({name})")  # fmt: skip
-                        runs[(name, b)].append(m)
+                        p = points[(name, b)]
+                        m = runner.measure_point(p, srv, alloc, prompts, where=f"at batch {b} ({name})")
+                        p.runs.append(m)
                         log.info("repeat %d batch %d %s: %d requests in %.2f s", repeat, b, name,
-                                     m.meta["loads"][0]["n_ok"], m.meta["loads"][0]["duration_s"] or 0)  # fmt: skip
-        for (name, b), ms in runs.items():
-            write_point(by[name].outputs[b], heads[(name, b)], ms)
+                                 m.meta["loads"][0]["n_ok"], m.meta["loads"][0]["duration_s"] or 0)  # fmt: skip
+        for p in points.values():
+            write_point(p.paths, p.head, p.runs)
 
 
 def compare(args: argparse.Namespace) -> pl.DataFrame:
-    paths = sorted(str(p) for p in args.out.glob("*/*/bs*.requests.parquet"))
-    if not paths:
-        raise SystemExit(f"{args.out}: no */<setting>/bs*.requests.parquet here; run `run` first")
-    rows = pl.DataFrame([r for p in paths for r in analysis.summarize_repeats(p)], infer_schema_length=None)
-    rows = rows.filter(pl.col("status") == "ok").with_columns(
+    rows = repeat_throughputs(args.out, "setting").with_columns(
         setting=pl.col("path").str.extract(r"/(sampler|nosampler)/bs")
     )
     out = []
     for (model, batch), g in rows.group_by("model", "batch_size", maintain_order=True):
         by = {s: g.filter(pl.col("setting") == s)["throughput_rps"].to_list() for s in SETTINGS}
-        row = {"model": model, "batch_size": batch}
-        for name, xs in by.items():
-            d = stats.describe(xs)
-            row.update({f"{name}_n": d["n"], f"{name}_mean": d["mean"], f"{name}_ci_lo": d["ci_lo"],
-                        f"{name}_ci_hi": d["ci_hi"]})  # fmt: skip
-        r = stats.ratio_ci(by["sampler"], by["nosampler"])
-        loss = None if r["ci_lo"] is None else 1 - r["ci_lo"]
-        row.update(ratio=r["ratio"], ratio_ci_lo=r["ci_lo"], ratio_ci_hi=r["ci_hi"], loss_bound=loss,
-                   goal_met=loss is not None and loss <= GOAL)  # fmt: skip
-        out.append(row)
-    frame = pl.DataFrame(out).sort("model", "batch_size")
-    frame.write_csv(args.out / "compare.csv")
-    with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=220, float_precision=4):
-        print(frame)
-    return frame
+        row = {"model": model, "batch_size": batch, **paired_columns(by)}
+        loss = None if row["ratio_ci_lo"] is None else 1 - row["ratio_ci_lo"]
+        out.append({**row, "loss_bound": loss, "goal_met": loss is not None and loss <= GOAL})
+    return write_table(pl.DataFrame(out).sort("model", "batch_size"), args.out, precision=4)
 
 
 def main(argv: list[str] | None = None) -> int:

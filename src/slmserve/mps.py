@@ -21,7 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -122,9 +122,6 @@ class Daemon:
             if self.pipe_dir is not None:
                 shutil.rmtree(self.pipe_dir, ignore_errors=True)
                 self.pipe_dir = None
-
-    def info(self) -> Mapping[str, object]:
-        return {"mps": True, "control": self.binary, "log_dir": str(self.log_dir)}
 
     def __enter__(self) -> Daemon:
         self.start()

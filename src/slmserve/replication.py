@@ -77,15 +77,13 @@ def start_replicas(stack: contextlib.ExitStack, specs: list[ServerSpec], togethe
     """Start the servers, each stopped when ``stack`` closes: one after another, or all launched at once
     and then waited for. An :class:`InfeasibleError` names the replica that vLLM refused."""
     servers = [VllmServer(spec) for spec in specs]
-    for i, srv in enumerate(servers):
+    steps = [(i, srv.launch if together else srv.start) for i, srv in enumerate(servers)]
+    steps += [(i, srv.wait_ready) for i, srv in enumerate(servers) if together]
+    for srv in servers:
         stack.callback(srv.stop)
+    for i, step in steps:
         try:
-            srv.launch() if together else srv.start()
-        except InfeasibleError as exc:
-            raise InfeasibleError(f"replica {i}: {exc.reason}") from exc
-    for i, srv in enumerate(servers if together else []):
-        try:
-            srv.wait_ready()
+            step()
         except InfeasibleError as exc:
             raise InfeasibleError(f"replica {i}: {exc.reason}") from exc
     return servers

@@ -252,6 +252,13 @@ class Point:
         return {**self.job.describe(), "batch_size": self.batch, "batch_sizes": None}
 
 
+def measure_point(p: Point, srv: VllmServer, alloc: Allocation, prompts: pl.DataFrame, where: str = "") -> Measurement:
+    """One repeat of ``p`` on ``srv``: its job's requests for its batch, with its job's telemetry settings."""
+    spec = load_spec(p.job, srv, p.batch, prompts.head(requests_for(p.job, p.batch)))
+    return measure([srv], [spec], alloc.nvml_indices, interval_s=p.job.telemetry_interval_s,
+                   sample=p.job.telemetry_enabled, where=where or f"at batch {p.batch}")  # fmt: skip
+
+
 def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measurement], repeats: int,
                    budget_s: float | None) -> None:  # fmt: skip
     """Measure every point ``repeats`` times, interleaved (all points, then all again), then write them."""
@@ -282,9 +289,7 @@ def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_se
                 write_unmeasured(p.paths, p.head, reason, server=srv.info())
 
         def run_one(p: Point) -> Measurement:
-            spec = load_spec(p.job, srv, p.batch, prompts.head(requests_for(p.job, p.batch)))
-            return measure([srv], [spec], alloc.nvml_indices, interval_s=job.telemetry_interval_s,
-                           sample=job.telemetry_enabled, where=f"at batch {p.batch}")  # fmt: skip
+            return measure_point(p, srv, alloc, prompts)
 
         measure_points(fitting, run_one, job.repeats, job.repeat_budget_s)
 
