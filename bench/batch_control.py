@@ -7,7 +7,8 @@
 ``run`` measures each mode with the workflow's own code (:func:`slmserve.runner.run_sweep`): ``scheduler``
 starts one server (``--max-num-seqs`` = the largest batch) and repeats the batch sizes interleaved;
 ``restart`` starts one server per batch size and repeats each on it. 500 requests per point
-(``--requests``), except batch 1: 64 (a 500-request run at batch 1 takes minutes; stated in the output). Results:
+(``--requests``), except small batches: 64 rounds of the batch (``--rounds``; a 500-request run at batch 1
+takes minutes; stated in the output). Results:
 ``DIR/<model>/<mode>/bs<b>.{requests,telemetry}.parquet`` with provenance, as the workflow writes them.
 
 ``compare`` prints, per model, restart variant (``restart``, or ``restart-graphs<N>`` measured with
@@ -37,14 +38,14 @@ MODELS = {"opt125m": "config/models/opt-125m", "opt1.3b": "config/models/opt-1.3
 
 
 def sweep_job(model: str, mode: str, prompts: Path, out: Path, batches: list[int], repeats: int,
-              graphs: int | None = None, requests: int = 500) -> runner.SweepJob:  # fmt: skip
+              graphs: int | None = None, requests: int = 500, rounds: int = 64) -> runner.SweepJob:  # fmt: skip
     base = out / model / (mode if graphs is None else f"{mode}-graphs{graphs}")
     return runner.SweepJob(
         model=model, model_path=MODELS[model], load_format="dummy", tensor_parallel=1, batch_sizes=batches,
         prompts_path=prompts, outputs={b: (base / f"bs{b}.requests.parquet", base / f"bs{b}.telemetry.parquet")
                                        for b in batches},
         log_dir=out / "logs" / model / mode, input_len=512, output_len=256, num_requests=requests,
-        rounds_per_batch=64, min_requests=64, warmup_requests=8, batch_control=mode, repeats=repeats,
+        rounds_per_batch=rounds, min_requests=rounds, warmup_requests=8, batch_control=mode, repeats=repeats,
         stream_interval=16, profile="bench-batch-control", max_cudagraph_capture_size=graphs,
     )  # fmt: skip
 
@@ -52,7 +53,7 @@ def sweep_job(model: str, mode: str, prompts: Path, out: Path, batches: list[int
 def run(args: argparse.Namespace) -> None:
     for mode in args.modes:
         job = sweep_job(args.model, mode, args.prompts, args.out, args.batches, args.repeats, args.graphs,
-                        args.requests)  # fmt: skip
+                        args.requests, args.rounds)  # fmt: skip
         if all(paths[0].exists() for paths in job.outputs.values()):
             print(f"== {args.model} {mode}: already measured", flush=True)
             continue
@@ -120,6 +121,8 @@ def main() -> int:
     r.add_argument("--graphs", type=int, default=None, help="--max-cudagraph-capture-size of every server")
     r.add_argument("--requests", type=int, default=500,
                    help="requests per point (batch 1: 64); the prompts file must hold that many")  # fmt: skip
+    r.add_argument("--rounds", type=int, default=64,
+                   help="small batches measure max(rounds, rounds x batch) requests, at most --requests")  # fmt: skip
     c = sub.add_parser("compare")
     c.add_argument("out", type=Path)
     args = ap.parse_args()

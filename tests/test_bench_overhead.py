@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from bench import batch_control, telemetry_overhead
-from slmserve import io, stats
+from slmserve import io, runner, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests/fixtures/telemetry-overhead"
@@ -52,3 +52,9 @@ def test_batch_control_verdicts_on_the_h100_results(tmp_path: Path) -> None:
     for r in got.values():
         assert r["verdict"] == stats.verdict(r["ratio_ci_lo"], r["ratio_ci_hi"], batch_control.AGREEMENT)
     assert len(got) == 20
+
+
+def test_batch_control_rounds_set_the_small_batches_requests(tmp_path: Path) -> None:
+    job = batch_control.sweep_job("opt1.3b", "restart", tmp_path / "p.parquet", tmp_path, [1, 8, 64], repeats=3,
+                                  requests=1000, rounds=32)  # fmt: skip
+    assert [runner.requests_for(job, b) for b in (1, 8, 64)] == [32, 256, 1000]
