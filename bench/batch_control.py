@@ -22,8 +22,10 @@ repeats cannot tell otherwise). It writes ``DIR/compare.csv``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,11 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from slmserve import analysis, runner, stats
+from slmserve.gpuslots import GpuSlots
+from slmserve.measure import header, write_point
+from slmserve.server import VllmServer
+
+log = logging.getLogger("bench")
 
 AGREEMENT = 0.03  # issue 13: the modes agree when the ratio's CI contains 1 within +-3%
 MODELS = {"opt125m": "config/models/opt-125m", "opt1.3b": "config/models/opt-1.3b", "opt2.7b": "config/models/opt-2.7b"}
@@ -39,11 +46,10 @@ MODELS = {"opt125m": "config/models/opt-125m", "opt1.3b": "config/models/opt-1.3
 
 def sweep_job(model: str, mode: str, prompts: Path, out: Path, batches: list[int], repeats: int,
               graphs: int | None = None, requests: int = 500, rounds: int = 64) -> runner.SweepJob:  # fmt: skip
-    base = out / model / (mode if graphs is None else f"{mode}-graphs{graphs}")
     return runner.SweepJob(
         model=model, model_path=MODELS[model], load_format="dummy", tensor_parallel=1, batch_sizes=batches,
-        prompts_path=prompts, outputs={b: (base / f"bs{b}.requests.parquet", base / f"bs{b}.telemetry.parquet")
-                                       for b in batches},
+        prompts_path=prompts,
+        outputs=setting_outputs(out, model, mode if graphs is None else f"{mode}-graphs{graphs}", batches),
         log_dir=out / "logs" / model / mode, input_len=512, output_len=256, num_requests=requests,
         rounds_per_batch=rounds, min_requests=rounds, warmup_requests=8, batch_control=mode, repeats=repeats,
         stream_interval=16, profile="bench-batch-control", max_cudagraph_capture_size=graphs,
@@ -59,6 +65,39 @@ def run(args: argparse.Namespace) -> None:
             continue
         runner.run_sweep(job)
         print(f"== {args.model} {mode}: done", flush=True)
+
+
+def order(settings: tuple[str, ...], repeat: int) -> tuple[str, ...]:
+    """Which setting goes first in a repeat: the first one in even repeats, the last one in odd ones."""
+    return settings if repeat % 2 == 0 else settings[::-1]
+
+
+def alternate(by: dict[str, runner.SweepJob], batches: list[int], repeats: int, label: str,
+              before: Callable[[str, VllmServer], Any] | None = None) -> None:  # fmt: skip
+    """Measure two or more settings (``by``: name -> job, the first job's server for all) on one server
+    (``--max-num-seqs`` = the largest batch, batch capped in the scheduler): each repeat runs every batch in
+    every setting, the settings alternating which goes first (:func:`order`) so that drift falls on all;
+    ``before(setting, server)`` runs before each measured run. Writes each job's outputs."""
+    first = next(iter(by.values()))
+    prompts = runner.load_prompts(first)
+    with GpuSlots(1, label=label) as alloc:
+        points = {(n, b): runner.Point(b, j, j.outputs[b]) for n, j in by.items() for b in batches}
+        for p in points.values():
+            p.head = header(p.meta_run(), alloc.ids, alloc.nvml_indices)
+        with VllmServer(runner.server_spec(first, alloc, max(batches), "alternate")) as srv:
+            log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
+            for repeat in range(repeats):
+                for b in batches:
+                    for name in order(tuple(by), repeat):
+                        if before is not None:
+                            before(name, srv)
+                        p = points[(name, b)]
+                        m = runner.measure_point(p, srv, alloc, prompts, where=f"at batch {b} ({name})")
+                        p.runs.append(m)
+                        log.info("repeat %d batch %d %s: %d requests in %.2f s", repeat, b, name,
+                                 m.meta["loads"][0]["n_ok"], m.meta["loads"][0]["duration_s"] or 0)  # fmt: skip
+        for p in points.values():
+            write_point(p.paths, p.head, p.runs)
 
 
 def repeat_throughputs(out: Path, level: str) -> pl.DataFrame:
@@ -91,30 +130,68 @@ def write_table(frame: pl.DataFrame, out: Path, precision: int) -> pl.DataFrame:
     return frame
 
 
+def scheduler_runs(rows: pl.DataFrame, variant: str) -> pl.DataFrame:
+    """The scheduler runs that restart variant ``restart<suffix>`` is compared with: ``scheduler<suffix>``
+    (the same settings, e.g. ``--graphs``) where they were measured, else the plain ``scheduler`` runs (whose
+    CUDA-graph sizes, 2 x 512 capped at 512, are what ``--graphs 512`` pins)."""
+    own = rows.filter(pl.col("path").str.contains(f"/scheduler{variant.removeprefix('restart')}/", literal=True))
+    return own if own.height else rows.filter(pl.col("path").str.contains("/scheduler/", literal=True))
+
+
 def compare(args: argparse.Namespace) -> pl.DataFrame:
     rows = repeat_throughputs(args.out, "mode").with_columns(
         mode=pl.col("path").str.extract(r"/(scheduler|restart|client)[^/]*/bs"),
         variant=pl.col("path").str.extract(r"/(restart[^/]*)/bs"),
     )
     out = []
-    sched = rows.filter(pl.col("path").str.contains("/scheduler/"))  # the plain scheduler runs, no variant
     for (model, variant, batch), g in rows.filter(pl.col("mode") == "restart").group_by(
         "model", "variant", "batch_size", maintain_order=True
     ):
-        ref = sched.filter(pl.col("model") == model, pl.col("batch_size") == batch)
+        ref = scheduler_runs(rows.filter(pl.col("model") == model, pl.col("batch_size") == batch), variant)
         row = paired_columns({"scheduler": ref["throughput_rps"].to_list(), "restart": g["throughput_rps"].to_list()})
         verdict = stats.verdict(row["ratio_ci_lo"], row["ratio_ci_hi"], AGREEMENT)
         out.append({"model": model, "restart": variant, "batch_size": batch, **row, "verdict": verdict})
     return write_table(pl.DataFrame(out).sort("model", "restart", "batch_size"), args.out, precision=3)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cli(doc: str | None, run_args: Callable[[argparse.ArgumentParser], None], run: Callable[[argparse.Namespace], Any],
+        compare: Callable[[argparse.Namespace], Any], argv: list[str] | None = None) -> int:  # fmt: skip
+    """The benchmarks' command line: ``run --model M --prompts P --out DIR`` plus ``run_args``, and
+    ``compare DIR``; logs at INFO and dispatches."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--model", required=True, choices=sorted(MODELS))
     r.add_argument("--prompts", type=Path, required=True)
     r.add_argument("--out", type=Path, required=True)
+    run_args(r)
+    c = sub.add_parser("compare")
+    c.add_argument("out", type=Path)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(args) if args.cmd == "run" else compare(args)
+    return 0
+
+
+def smoke_args(r: argparse.ArgumentParser) -> None:
+    """``--output-len`` and ``--dtype``: a smaller workload for a CPU-engine smoke run (:func:`shrunk`)."""
+    r.add_argument("--output-len", type=int, default=None, help="output tokens (default 256; CPU smoke runs)")
+    r.add_argument("--dtype", default=None, help="default float16; bfloat16 on the CPU engine")
+
+
+def shrunk(job: runner.SweepJob, args: argparse.Namespace, **fields: Any) -> runner.SweepJob:
+    """``job`` with the smoke-run arguments that were given (:func:`smoke_args`) and ``fields``."""
+    given = {k: v for k, v in (("output_len", args.output_len), ("dtype", args.dtype)) if v}
+    return dataclasses.replace(job, **given, **fields)
+
+
+def setting_outputs(out: Path, model: str, setting: str, batches: list[int]) -> dict[int, tuple[Path, Path]]:
+    """Where a setting's points go: ``out/<model>/<setting>/bs<b>.{requests,telemetry}.parquet``."""
+    where = out / model / setting
+    return {b: (where / f"bs{b}.requests.parquet", where / f"bs{b}.telemetry.parquet") for b in batches}
+
+
+def run_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--modes", nargs="+", default=["scheduler", "restart"], choices=runner.MODES)
     r.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256, 512])
     r.add_argument("--repeats", type=int, default=3)
@@ -123,12 +200,10 @@ def main() -> int:
                    help="requests per point (batch 1: 64); the prompts file must hold that many")  # fmt: skip
     r.add_argument("--rounds", type=int, default=64,
                    help="small batches measure max(rounds, rounds x batch) requests, at most --requests")  # fmt: skip
-    c = sub.add_parser("compare")
-    c.add_argument("out", type=Path)
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run(args) if args.cmd == "run" else compare(args)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(__doc__, run_args, run, compare, argv)
 
 
 if __name__ == "__main__":

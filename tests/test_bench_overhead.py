@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from bench import batch_control, telemetry_overhead
+from bench import batch_control, replicas, telemetry_overhead
 from slmserve import io, runner, stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +19,7 @@ H100 = ROOT / "bench/results/h100-batch-control/bench-out"
 
 
 def test_settings_alternate_which_goes_first() -> None:
-    assert [telemetry_overhead.order(r)[0] for r in range(4)] == ["sampler", "nosampler"] * 2
+    assert [batch_control.order(telemetry_overhead.SETTINGS, r)[0] for r in range(4)] == ["sampler", "nosampler"] * 2
 
 
 def test_overhead_compare_pairs_the_settings(tmp_path: Path) -> None:
@@ -58,3 +58,26 @@ def test_batch_control_rounds_set_the_small_batches_requests(tmp_path: Path) -> 
     job = batch_control.sweep_job("opt1.3b", "restart", tmp_path / "p.parquet", tmp_path, [1, 8, 64], repeats=3,
                                   requests=1000, rounds=32)  # fmt: skip
     assert [runner.requests_for(job, b) for b in (1, 8, 64)] == [32, 256, 1000]
+
+
+def test_replicas_compare_on_a_cpu_smoke_run(tmp_path: Path) -> None:
+    # tests/fixtures/replicas-smoke: `bench/replicas.py run --model opt125m --replicas 1 2 --variants sequential
+    # together together-mps --repeats 2 --requests 16 --output-len 8 --dtype bfloat16` on the CPU engine
+    shutil.copytree(ROOT / "tests/fixtures/replicas-smoke", tmp_path / "out")
+    frame = replicas.compare(argparse.Namespace(out=tmp_path / "out"))
+    got = {(r["replicas"], r["variant"]): r for r in frame.iter_rows(named=True)}
+    assert set(got) == {(1, "sequential"), (2, "sequential"), (2, "together"), (2, "together-mps")}
+    assert got[(1, "sequential")]["gain"] == pytest.approx(1.0)
+    together, sequential = got[(2, "together")], got[(2, "sequential")]
+    assert together["gain"] == pytest.approx(together["throughput_rps"] / got[(1, "sequential")]["throughput_rps"])
+    assert together["vs_sequential"] == pytest.approx(together["throughput_rps"] / sequential["throughput_rps"])
+    assert together["kv_tokens"] == sequential["kv_tokens"] == "[29056, 29056]"  # explicit bytes on the CPU engine
+    assert together["startup_span_s"] > 0 and together["n"] == 2
+    mps = got[(2, "together-mps")]
+    assert mps["status"] == "unsupported" and "MPS needs a GPU" in mps["reason"] and mps["throughput_rps"] is None
+
+
+def test_startup_span_runs_from_first_launch_to_last_ready() -> None:
+    servers = [{"launched_at": 10.0, "startup_s": 60.0}, {"launched_at": 11.0, "startup_s": 65.0}]
+    assert replicas.startup_span_s(servers) == pytest.approx(66.0)
+    assert replicas.startup_span_s([{"launched_at": 10.0, "startup_s": None}]) is None

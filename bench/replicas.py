@@ -1,0 +1,114 @@
+"""Replicas on one GPU (issue 15): started one after another or together, plain processes or under MPS.
+
+    python bench/replicas.py run --model opt1.3b --probe results/capacity/opt1.3b-whole.json --prompts P
+        --out DIR [--replicas 1 2 3] [--variants sequential together together-mps] [--repeats 3]
+    python bench/replicas.py compare DIR     # here, on the results brought back
+
+``run`` measures each replica count in each variant with the workflow's own replication job
+(:func:`slmserve.replication.run_replication`: the whole-GPU maximum batch from ``--probe`` split evenly,
+the requests split evenly, repeats on the same servers). Variants: ``sequential`` and ``together``
+(``experiments.replication.start``), with ``-mps`` under a job-private MPS daemon. One replica is measured once,
+as ``sequential``: it is the one-instance reference. Results, as the workflow writes them:
+``DIR/<model>/<variant>/r<n>.requests.parquet`` (and the telemetry beside it).
+
+``compare`` prints and writes ``DIR/compare.csv``: per model, replicas and variant, the system throughput
+(req/s, all replicas' requests over the common wall-clock window) with n and 95% CI; its ratio with its 95% CI
+(:func:`slmserve.stats.ratio_ci`) to one instance (``gain``) and to the ``sequential`` plain start of the same
+count (``vs_sequential``); each replica's KV-cache tokens; and the start-up span (first launch to last server
+ready, from the servers' own clocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from bench.batch_control import cli, shrunk, smoke_args, sweep_job, write_table
+from slmserve import io, measure, replication, runner, stats
+
+log = logging.getLogger("replicas")
+VARIANTS = ("sequential", "together", "sequential-mps", "together-mps")
+
+
+def run(args: argparse.Namespace) -> None:
+    probe = json.loads(args.probe.read_text())
+    base = sweep_job(args.model, "restart", args.prompts, args.out, [1], repeats=args.repeats, requests=args.requests)
+    base = shrunk(base, args)
+    one_gpu_max = runner.max_batch_from_probe(probe, base.fits, str(args.probe))
+    todo = [(1, "sequential")] if 1 in args.replicas else []
+    todo += [(n, v) for n in args.replicas if n > 1 for v in args.variants]
+    for n, variant in todo:
+        out = args.out / args.model / variant / f"r{n}.requests.parquet"
+        if out.exists():
+            log.info("%s: already measured", out)
+            continue
+        start, _, mps = variant.partition("-")
+        replication.run_replication(base, n, one_gpu_max, out, probe=probe, start=start, use_mps=bool(mps))
+        log.info("== %s x%d %s: done", args.model, n, variant)
+
+
+def startup_span_s(servers: list[dict[str, Any]]) -> float | None:
+    """First launch to last server ready: ``max(launched_at + startup_s) - min(launched_at)`` (seconds, on
+    the job's monotonic clock), or None where a server lacks either."""
+    if not servers or any(s.get("launched_at") is None or s.get("startup_s") is None for s in servers):
+        return None
+    return max(s["launched_at"] + s["startup_s"] for s in servers) - min(s["launched_at"] for s in servers)
+
+
+def compare(args: argparse.Namespace) -> pl.DataFrame:
+    paths = sorted(args.out.glob("*/*/r*.requests.parquet"))
+    if not paths:
+        raise SystemExit(f"{args.out}: no */<variant>/r*.requests.parquet here; run `run` first")
+    rows, servers, out = [], {}, []
+    for p in paths:
+        meta, variant = io.read_meta(p), p.parent.name
+        if meta["status"] != "ok":  # e.g. MPS on the CPU engine: unsupported, with the reason
+            out.append({"model": meta["run"]["model"], "replicas": meta["run"]["replicas"], "variant": variant,
+                        "status": meta["status"], "reason": meta.get("reason")})  # fmt: skip
+            continue
+        rows += [{**r, "variant": variant} for r in replication.summarize_repeats(p)]
+        servers[(meta["run"]["model"], variant, meta["run"]["replicas"])] = measure.repeats_of(meta)[0]["servers"]
+    frame = pl.DataFrame(rows, infer_schema_length=None)
+    for (model, n, variant), g in frame.group_by("model", "replicas", "variant", maintain_order=True):
+        tput = g["throughput_rps"].to_list()
+        one = frame.filter(pl.col("model") == model, pl.col("replicas") == 1)["throughput_rps"].to_list()
+        seq = frame.filter(pl.col("model") == model, pl.col("replicas") == n,
+                           pl.col("variant") == "sequential")["throughput_rps"].to_list()  # fmt: skip
+        d, gain, vs_seq = stats.describe(tput), stats.ratio_ci(tput, one), stats.ratio_ci(tput, seq)
+        srv = servers[(model, variant, n)]
+        out.append({
+            "model": model, "replicas": n, "variant": variant, "status": "ok", "reason": None, "n": d["n"],
+            "throughput_rps": d["mean"], "ci_lo": d["ci_lo"], "ci_hi": d["ci_hi"],
+            "gain": gain["ratio"], "gain_ci_lo": gain["ci_lo"], "gain_ci_hi": gain["ci_hi"],
+            "vs_sequential": vs_seq["ratio"], "vs_sequential_ci_lo": vs_seq["ci_lo"],
+            "vs_sequential_ci_hi": vs_seq["ci_hi"], "kv_tokens": str([s.get("kv_cache_tokens") for s in srv]),
+            "startup_span_s": startup_span_s(srv),
+        })  # fmt: skip
+    return write_table(pl.DataFrame(out, infer_schema_length=None).sort("model", "replicas", "variant"), args.out,
+                       precision=3)  # fmt: skip
+
+
+def run_args(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--probe", type=Path, required=True, help="the model's whole-GPU KV-cache probe (JSON)")
+    r.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3])
+    r.add_argument("--variants", nargs="+", default=["sequential", "together", "together-mps"], choices=VARIANTS)
+    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--requests", type=int, default=500, help="requests per run, split over the replicas")
+    smoke_args(r)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(__doc__, run_args, run, compare, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
