@@ -92,8 +92,9 @@ def advisor_probes(budget):
     return [L.capacity(m, budget) for m in SWEEP["models"] if m in EXP["table1"]["models"]]
 
 
-def job_params(model, tp=1, out=None, rate=None, batch_sizes=()):
-    """Arguments of slmserve.runner.SweepJob."""
+def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=True):
+    """Arguments of slmserve.runner.SweepJob; without the batch control (``batch_control=None``) for the jobs
+    it does not change (probes, replication), so that changing it reruns none of them."""
     entry = config["models"][model]
     eng, tel = config["engine"], config["telemetry"]
     return {
@@ -118,8 +119,9 @@ def job_params(model, tp=1, out=None, rate=None, batch_sizes=()):
         **({"repeats": WL["repeats"], "repeat_budget_s": WL["repeat_budget_s"]} if WL["repeats"] > 1 else {}),
         **({"max_cudagraph_capture_size": eng["max_cudagraph_capture_size"]}
            if eng["max_cudagraph_capture_size"] else {}),
-        **{k: eng[k] for k in ("batch_control", "memory_share", "memory_budget_gb", "max_model_len",
-                               "dtype", "startup_timeout_s", "cpu_kv_cache_gb", "stream_interval", "fits")},
+        **({"batch_control": eng["batch_control"]} if batch_control else {}),
+        **{k: eng[k] for k in ("memory_share", "memory_budget_gb", "max_model_len", "dtype", "startup_timeout_s",
+                               "cpu_kv_cache_gb", "stream_interval", "fits")},
     }  # fmt: skip
 
 

@@ -35,7 +35,7 @@ rule output_lengths:
         requests=points(),
         telemetry=points("point_telemetry"),
     params:
-        job=lambda w: job_params(w.model),
+        job=lambda w: job_params(w.model, batch_control=None),
         prompts=PROMPTS,
         points=[(o, parse_rate(r)) for o in OUTLEN["output_lens"] for r in OUTLEN["arrival_rates"]],
     resources:
@@ -57,7 +57,7 @@ rule replication:
         requests=L.path("replication"),
         telemetry=L.path("replication_telemetry"),
     params:
-        job=lambda w: job_params(w.model),
+        job=lambda w: job_params(w.model, batch_control=None),
         prompts=PROMPTS,
     resources:
         gpu=1,
