@@ -110,6 +110,16 @@ def repeat_throughputs(out: Path, level: str) -> pl.DataFrame:
     return rows.filter(pl.col("status") == "ok")
 
 
+def setting_samples(out: Path, settings: tuple[str, ...]) -> list[tuple[str, int, dict[str, list[float]]]]:
+    """Per model and batch (in the order measured), each setting's throughput (req/s) of every repeat, read
+    from ``out/<model>/<setting>/bs<b>.requests.parquet`` (:func:`repeat_throughputs`)."""
+    rows = repeat_throughputs(out, "setting").with_columns(
+        setting=pl.col("path").str.extract(rf"/({'|'.join(settings)})/bs")
+    )
+    return [(model, batch, {s: g.filter(pl.col("setting") == s)["throughput_rps"].to_list() for s in settings})
+            for (model, batch), g in rows.group_by("model", "batch_size", maintain_order=True)]  # fmt: skip
+
+
 def paired_columns(by: dict[str, list[float]]) -> dict[str, Any]:
     """For two named samples of throughput (first / second): each one's n, mean and 95% CI, and the ratio
     of their means with its 95% CI (:func:`slmserve.stats.ratio_ci`)."""
@@ -197,7 +207,7 @@ def run_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--graphs", type=int, default=None, help="--max-cudagraph-capture-size of every server")
     r.add_argument("--requests", type=int, default=500,
-                   help="requests per point (batch 1: 64); the prompts file must hold that many")  # fmt: skip
+                   help="requests per point (small batches: --rounds); the prompts file must hold them")  # fmt: skip
     r.add_argument("--rounds", type=int, default=64,
                    help="small batches measure max(rounds, rounds x batch) requests, at most --requests")  # fmt: skip
 

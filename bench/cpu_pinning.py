@@ -34,8 +34,8 @@ from bench.batch_control import (
     alternate,
     cli,
     paired_columns,
-    repeat_throughputs,
     setting_outputs,
+    setting_samples,
     shrunk,
     smoke_args,
     sweep_job,
@@ -82,12 +82,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def compare(args: argparse.Namespace) -> pl.DataFrame:
-    rows = repeat_throughputs(args.out, "setting").with_columns(
-        setting=pl.col("path").str.extract(r"/(pinned|unpinned)/bs")
-    )
     out = []
-    for (model, batch), g in rows.group_by("model", "batch_size", maintain_order=True):
-        by = {s: g.filter(pl.col("setting") == s)["throughput_rps"].to_list() for s in SETTINGS}
+    for model, batch, by in setting_samples(args.out, SETTINGS):
         cv = {f"{s}_cv": (d["sd"] / d["mean"]) if d["sd"] is not None else None
               for s, d in ((s, stats.describe(xs)) for s, xs in by.items())}  # fmt: skip
         out.append({"model": model, "batch_size": batch, **paired_columns(by), **cv})

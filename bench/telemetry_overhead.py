@@ -30,8 +30,8 @@ from bench.batch_control import (
     alternate,
     cli,
     paired_columns,
-    repeat_throughputs,
     setting_outputs,
+    setting_samples,
     shrunk,
     smoke_args,
     sweep_job,
@@ -58,12 +58,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def compare(args: argparse.Namespace) -> pl.DataFrame:
-    rows = repeat_throughputs(args.out, "setting").with_columns(
-        setting=pl.col("path").str.extract(r"/(sampler|nosampler)/bs")
-    )
     out = []
-    for (model, batch), g in rows.group_by("model", "batch_size", maintain_order=True):
-        by = {s: g.filter(pl.col("setting") == s)["throughput_rps"].to_list() for s in SETTINGS}
+    for model, batch, by in setting_samples(args.out, SETTINGS):
         row = {"model": model, "batch_size": batch, **paired_columns(by)}
         loss = None if row["ratio_ci_lo"] is None else 1 - row["ratio_ci_lo"]
         out.append({**row, "loss_bound": loss, "goal_met": loss is not None and loss <= GOAL})

@@ -66,10 +66,10 @@ def plan(cores: list[tuple[int, ...]], per_role: int = 2) -> Plan:
 def _set_threads(proc: psutil.Process, cpus: Iterable[int]) -> int:
     """Set the affinity of every thread of ``proc``; return how many were set (threads that end meanwhile
     are skipped)."""
-    n = 0
+    n, mask = 0, set(cpus)
     for thread in proc.threads():
         try:
-            os.sched_setaffinity(thread.id, set(cpus))
+            os.sched_setaffinity(thread.id, mask)
             n += 1
         except (ProcessLookupError, PermissionError):
             continue
