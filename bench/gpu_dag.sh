@@ -6,7 +6,9 @@
 #   bench/gpu_dag.sh CONFIGFILE WAIT_S [snakemake targets or options...] [+ CONFIGFILE [targets...]]...
 #   (GPUS=k sets --resources gpu=k; default: the GPUs nvidia-smi lists. Stages separated by "+" run one
 #   after another, each its own Snakemake run over its own config, e.g. probes of the paper config, then
-#   the rest of the quick profile. Later calls, while Snakemake runs: CONFIGFILE WAIT_S, the rest ignored)
+#   the rest of the quick profile. Later calls, while Snakemake runs: CONFIGFILE WAIT_S, the rest ignored.
+#   FRESH="path ..." removes those paths of the copied tree first: the committed results of a profile being
+#   measured again, which Snakemake would otherwise take as done, having no metadata of their params)
 #
 # Needs, carried in .gpu-carry/: snake/ (Snakemake and its wheels that the image lacks), extra/ (polars wheels
 # and the prepared prompts parquet); the vLLM wheel set installed by ../shared/gpu/install-wheelhouse.sh in
@@ -31,6 +33,7 @@ if [ ! -f "$wf/.pid" ]; then
   rm -rf "$wf" && mkdir -p "$wf"
   git ls-files -z 2>/dev/null | xargs -0 -r cp --parents -t "$wf" || cp -a "$repo"/. "$wf"/
   [ -f "$wf/Snakefile" ] || cp -a "$repo"/. "$wf"/
+  for p in ${FRESH:-}; do rm -rf "${wf:?}/$p" && echo "removed $p (FRESH)"; done
   : >"$wf/.outdirs"
   for st in "${stages[@]}"; do
     od=$(outdir_of "${st%% *}") && [ -n "$od" ] || { echo "no outdir in ${st%% *}" >&2; exit 3; }
