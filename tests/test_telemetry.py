@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from types import SimpleNamespace
@@ -49,8 +50,11 @@ class FakeNvml:
     NVML_GPM_METRICS_GET_VERSION = 1
     c_nvmlGpmMetricsGet_t = FakeMetricsGet
 
-    def __init__(self, n_gpus: int = 2, gpm: bool = True, fail: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, n_gpus: int = 2, gpm: bool = True, fail: tuple[str, ...] = (), nan_at: int | None = None
+    ) -> None:
         self.n_gpus = n_gpus
+        self.nan_at = nan_at  # GPM interval (its second sample's seq) answered as the H100 did: zeros, DRAM NaN
         self.gpm = gpm
         self.fail = set(fail)
         self.init_calls = 0
@@ -129,6 +133,8 @@ class FakeNvml:
         self.pairs.append((s1.gpu, s1.seq, s2.seq))
         for m in mg.metrics[: mg.numMetrics]:
             m.value = GPM_VALUES[m.metricId] + s1.gpu
+            if s2.seq == self.nan_at:
+                m.value = math.nan if m.metricId == self.NVML_GPM_METRIC_DRAM_BW_UTIL else 0.0
             m.nvmlReturn = 0
         return mg
 
@@ -207,6 +213,33 @@ def test_fake_nvml_with_gpm_values_and_rolling_samples() -> None:
     assert len(fake.allocated) == 4
     assert sorted(s.ident for s in fake.freed) == [0, 1, 2, 3]
     assert no_telemetry_thread()
+
+
+def test_degenerate_gpm_interval_gives_a_null_row() -> None:
+    """NVML's answer to a degenerate GPM interval on the H100 (SM, occupancy, tensor 0 and DRAM NaN while the
+    GPU is busy) is no reading: that row's GPM columns are null and gpm_ok false, the others keep theirs."""
+    fake = FakeNvml(n_gpus=1, nan_at=2)
+    sampler = Sampler([0], interval_s=0.1, nvml=fake)
+    frame = run_sampler(sampler, 0.45)
+    assert frame.height >= 3
+    bad = frame.row(1, named=True)  # the interval from sample 1 to sample 2
+    assert all(bad[c] is None for c in GPM_COLS) and bad["gpm_ok"] is False
+    assert bad["power_w"] is not None and bad["nvml_ok"] is True
+    good = frame.filter(pl.int_range(pl.len()) != 1)
+    assert good["gpm_ok"].all() and good["dram_bw_pct"].to_list() == [30.0] * good.height
+    assert "NaN" in sampler.status["field_errors"]["gpu0.gpm_metrics"].replace("nan", "NaN")
+
+
+def test_summarize_ignores_gpm_rows_with_a_nan() -> None:
+    """Results recorded before the sampler nulled such rows hold the zeros and the NaN: the summary leaves
+    that row's GPM values out (a NaN mean before), and keeps its power."""
+    rows = [_gpu_row(float(t), 0, sm_active_pct=50.0, sm_occupancy_pct=20.0, dram_bw_pct=40.0,
+                     tensor_active_pct=10.0, power_w=100.0 * t) for t in (1, 2, 3)]  # fmt: skip
+    rows[1].update(sm_active_pct=0.0, sm_occupancy_pct=0.0, dram_bw_pct=math.nan, tensor_active_pct=0.0)
+    s = summarize(_frame(rows), 1.0, 3.0)
+    assert s["dram_bw_mean"] == pytest.approx(40.0) and s["dram_bw_max"] == pytest.approx(40.0)
+    assert s["sm_active_mean"] == pytest.approx(50.0) and s["tensor_active_mean"] == pytest.approx(10.0)
+    assert s["power_w_mean"] == pytest.approx(200.0) and s["n_samples"] == 3
 
 
 def test_energy_every_nth_tick() -> None:

@@ -65,6 +65,8 @@ SCHEMA: dict[str, pl.DataType] = {
     "gpm_ok": pl.Boolean(),
 }
 
+GPM_COLUMNS = ("sm_active_pct", "sm_occupancy_pct", "dram_bw_pct", "tensor_active_pct")
+
 GPM_MIN_INTERVAL_S = 0.1
 """NVML needs two GPM samples more than 100 ms apart."""
 
@@ -93,6 +95,17 @@ def _note(errors: dict[str, str], key: str, exc: BaseException) -> None:
     errors.setdefault(key, _err(exc))
 
 
+class DegenerateGpmInterval(ValueError):
+    """NVML answered a GPM interval with a NaN: on an H100 (driver 580) about 1 tick in 1,000 reads 0 for
+    SM activity, occupancy and tensor activity with DRAM bandwidth NaN, while the GPU is busy."""
+
+
+def gpm_valid() -> pl.Expr:
+    """False on rows whose GPM values include a NaN (a degenerate interval, :class:`DegenerateGpmInterval`):
+    the sampler leaves such rows null since 2026-11-23, results recorded before hold the NaN and the zeros."""
+    return ~pl.any_horizontal([pl.col(c).is_nan() for c in GPM_COLUMNS]).fill_null(False)
+
+
 class _GpmMetrics:
     """The one reused ``c_nvmlGpmMetricsGet_t`` request for the GPM columns, in column order."""
 
@@ -117,7 +130,10 @@ class _GpmMetrics:
         mg.sample1 = sample1
         mg.sample2 = sample2
         self._nv.nvmlGpmMetricsGet(mg)
-        return tuple(float(m.value) if m.nvmlReturn == 0 else None for m in mg.metrics[: len(self._ids)])
+        values = tuple(float(m.value) if m.nvmlReturn == 0 else None for m in mg.metrics[: len(self._ids)])
+        if any(v is not None and not math.isfinite(v) for v in values):
+            raise DegenerateGpmInterval(f"GPM returned {values} (column order {[n for n, _ in _GPM_METRICS]})")
+        return values
 
 
 class _GpmReader:
@@ -425,10 +441,13 @@ def summarize(frame: pl.DataFrame, t_start: float, t_end: float) -> dict[str, An
     means. ``mem_used_mb_max`` is the max over ticks of the memory used summed over GPUs. ``energy_j``
     comes from the cumulative counter: per GPU, last minus first reading in the window, summed over
     GPUs, in joules (null if a GPU has no counter reading). ``cpu_util_mean`` is the mean host CPU
-    utilisation over ticks. ``n_samples`` counts ticks, ``n_gpus`` distinct GPUs; ``nvml_ok`` and
+    utilisation over ticks. A row whose GPM values include a NaN counts as one without GPM values
+    (:func:`gpm_valid`). ``n_samples`` counts ticks, ``n_gpus`` distinct GPUs; ``nvml_ok`` and
     ``gpm_ok`` are true when at least one row of the window has NVML (resp. GPM) data.
     """
-    w = frame.filter(pl.col("t_mono_s").is_between(t_start, t_end, closed="both"))
+    w = frame.filter(pl.col("t_mono_s").is_between(t_start, t_end, closed="both")).with_columns(
+        pl.when(gpm_valid()).then(pl.col(c)).alias(c) for c in GPM_COLUMNS
+    )
     ticks = (
         w.group_by("t_mono_s")
         .agg(
