@@ -17,6 +17,7 @@ SWEEP = EXP["sweep"]
 OUTLEN = EXP["output_lengths"]
 BUDGET = EXP["table1"]["budget_gb"]
 PROMPTS = L.path("prompts", input_len=WL["input_len"], num_requests=WL["num_requests"])
+CAL = config["calibration"]
 # The model wildcard takes a model key of the config (dots escaped).
 MODEL_RE = "|".join(k.replace(".", r"\.") for k in config["models"])
 
@@ -129,6 +130,39 @@ def sweep_job(wildcards):
     return job_params(wildcards.model, wildcards.tp, wildcards.out, wildcards.rate, SWEEP["batch_sizes"])
 
 
+def calibration_job(wildcards):
+    """One point: the model at the calibration batch on one GPU, with the calibration's repeats."""
+    job = job_params(wildcards.model, batch_sizes=[CAL["batch_size"]])
+    return {**job, "repeats": CAL["repeats"], "repeat_budget_s": None}
+
+
+_machine = []
+
+
+def machine():
+    """This machine's name in calibration files: calibration.machine, or with "auto" slmserve.machine's."""
+    if CAL["machine"] != "auto":
+        return CAL["machine"]
+    if not _machine:
+        from slmserve.machine import machine_id
+
+        _machine.append(machine_id())
+    return _machine[0]
+
+
+def calibration_files():
+    """This machine's calibration point (none when re-plotting or without calibration models)."""
+    if config["replot"] or not CAL["models"]:
+        return []
+    return [L.path("calibration", machine=machine(), model=m) for m in CAL["models"]]
+
+
+def calibration_table_inputs():
+    """Every machine's calibration file already under outdir, and this machine's (planned)."""
+    found = sorted(str(p) for p in Path(L.outdir).glob("calibration/*/*.requests.parquet"))
+    return list(dict.fromkeys(found + calibration_files()))
+
+
 def all_targets():
     # The measured files are targets themselves: a summary re-plotted from an unfinished campaign
     # (replot=True) must not hide the runs still missing from a later measuring `snakemake all`.
@@ -139,6 +173,8 @@ def all_targets():
         targets += L.table1_files()
     if "sweep" in experiments():  # the batching advisor reads the sweep summary
         targets += L.advisor_files()
+    if calibration_table_inputs():
+        targets += L.calibration_table_files()
     return targets
 
 
@@ -152,6 +188,7 @@ def planned_measurements(exps=None):
     experiments ``exps``."""
     files = [f for e in (experiments() if exps is None else exps) for f in experiment_runs(e)]
     files += capacity_files("whole") + (capacity_files(BUDGET) if BUDGET else [])
+    files += calibration_files() if exps is None else []
     return list(dict.fromkeys(files))  # a family model may also be a sweep model
 
 

@@ -5,6 +5,28 @@
 # File names: slmserve.layout.TEMPLATES.
 
 
+rule calibration:
+    # This machine's calibration point (slmserve.calibration): the first job to start on it (priority); with
+    # --resources gpu=1 it runs alone, with more GPUs other jobs may start beside it on the others.
+    input:
+        prompts=ancient(lambda w: prompts_unless_done([L.path("calibration", **w)])),
+    output:
+        requests=L.path("calibration"),
+        telemetry=L.path("calibration_telemetry"),
+    params:
+        job=calibration_job,
+        prompts=PROMPTS,
+    priority: 100
+    resources:
+        gpu=1,
+    log:
+        f"{LOGS}/calibration/{{machine}}/{{model}}.log",
+    conda:
+        "../envs/engine.yaml"
+    script:
+        "../workflow/scripts/run_sweep.py"
+
+
 rule sweep:
     # One model on `tp` GPUs, every batch size (Figures 1, 3, 4, 8; families of Figure 2 left).
     input:

@@ -49,3 +49,21 @@ rule advisor:
         "../envs/figures.yaml"
     script:
         "../workflow/scripts/advisor.py"
+
+
+# Every machine's calibration point side by side (slmserve.calibration): how far machines differ.
+
+
+rule calibration_table:
+    localrule: True
+    input:
+        ancient(calibration_table_inputs()),
+    output:
+        csv=report(L.path("calibration_table", ext="csv"), caption="../report/calibration.rst", category="Machines"),
+        md=L.path("calibration_table", ext="md"),
+    log:
+        f"{LOGS}/figures/calibration.log",
+    conda:
+        "../envs/figures.yaml"
+    script:
+        "../workflow/scripts/calibration_table.py"

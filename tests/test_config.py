@@ -132,7 +132,30 @@ def test_dry_run_paper_dag(resources: list[str], tmp_path: Path) -> None:
     assert counts["output_lengths"] == 1  # OPT-6.7B: 4 output lengths x 3 rates on one server
     assert counts["summarize"] == 4 and counts["table1"] == 1 and counts["advisor"] == 1 and counts["all"] == 1
     assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 12
-    assert counts["total"] == 58
+    assert counts["calibration"] == 2 and counts["calibration_table"] == 1  # OPT-125M, 1.3B on this machine
+    assert counts["total"] == 61
+
+
+def test_each_machine_plans_its_own_calibration_first(tmp_path: Path) -> None:
+    """The paper profile plans this machine's calibration point (named by calibration.machine here), at the
+    highest priority so that it starts before the other jobs; another machine's point already measured is
+    not re-run, and the calibration table lists both machines."""
+    cfg = tmp_path / "m1.yaml"
+    cfg.write_text(yaml.safe_dump({"calibration": {"models": ["opt125m", "opt1.3b"], "machine": "h100-test-m1"}}))
+    other = tmp_path / "results/calibration/h100-test-m0/opt125m.requests.parquet"
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"measured on another machine")
+    out = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", str(cfg),
+                    "--config", f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    assert counts["calibration"] == 2 and counts["calibration_table"] == 1
+    jobs = out.stdout.split("rule calibration:")[1:]
+    assert all("priority: 100" in job.split("\n\n")[0] for job in jobs) and len(jobs) == 2
+    assert "wildcards: machine=h100-test-m1, model=opt125m" in out.stdout
+    assert "machine=h100-test-m0" not in out.stdout
+    table_job = out.stdout.split("rule calibration_table:")[1].split("\n\n")[0]
+    assert str(other) in table_job and "h100-test-m1/opt1.3b.requests.parquet" in table_job
 
 
 def test_dry_run_smoke_dag(tmp_path: Path) -> None:

@@ -20,6 +20,9 @@ KEYS = {
     "point_telemetry": {"model": "opt6.7b", "tp": "1", "out": "128", "rate": "100"},
     "replication": {"model": "opt2.7b", "n": "3"},
     "replication_telemetry": {"model": "opt2.7b", "n": "1"},
+    "calibration": {"machine": "h100-80gb-hbm3-1a2b3c4d", "model": "opt125m"},
+    "calibration_telemetry": {"machine": "cpu-00ff00ff", "model": "opt1.3b"},
+    "calibration_table": {"ext": "md"},
     "capacity": {"model": "gpt-j-6b", "budget": "36gb"},
     "summary": {"experiment": "output_lengths"},
     "table1": {"ext": "md"},
@@ -56,6 +59,7 @@ def test_the_paths_of_the_committed_results() -> None:
     assert paths.path("prompts", input_len=512, num_requests=500) == "results/data/prompts-in512-n500.parquet"
     assert paths.figure_files("power") == [f"paper_figures/power{ext}" for ext in layout.FIGURE_EXTS]
     assert paths.table1_files() == ["paper_figures/table1.csv", "paper_figures/table1.md"]
+    assert paths.calibration_table_files() == ["paper_figures/calibration.csv", "paper_figures/calibration.md"]
     # every committed result file is a path of the layout, and builds back from its keys
     files = [p for p in (ROOT / "results").rglob("*") if p.is_file()]
     files += [p for p in (ROOT / "tests/fixtures/results").rglob("*") if p.is_file()]

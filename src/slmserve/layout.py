@@ -81,12 +81,14 @@ WILDCARDS: dict[str, str] = {
     "num_requests": r"\d+",
     "experiment": "|".join(EXPERIMENTS),
     "name": r"\w+",
+    "machine": r"[a-z0-9][a-z0-9.-]*",
     "ext": r"png|svg|html|caption\.md|csv|md",
 }
 
 _RUN = "runs/{model}/tp{tp}-out{out}-rate{rate}"  # one sweep job: a file per batch size
 _POINT = "points/{model}/tp{tp}-out{out}-rate{rate}"  # one (output length, rate) point
 _REPLICATION = "replication/{model}_r{n}"
+_CALIBRATION = "calibration/{machine}/{model}"  # one machine's calibration point (slmserve.calibration)
 TEMPLATES: dict[str, str] = {
     "prompts": "data/prompts-in{input_len}-n{num_requests}.parquet",
     "run": f"{_RUN}/bs{{bs}}.requests.parquet",
@@ -95,18 +97,21 @@ TEMPLATES: dict[str, str] = {
     "point_telemetry": f"{_POINT}.telemetry.parquet",
     "replication": f"{_REPLICATION}.parquet",
     "replication_telemetry": f"{_REPLICATION}.telemetry.parquet",
+    "calibration": f"{_CALIBRATION}.requests.parquet",
+    "calibration_telemetry": f"{_CALIBRATION}.telemetry.parquet",
     "capacity": "capacity/{model}-{budget}.json",
     "summary": "summary/{experiment}.parquet",
     "table1": "table1.{ext}",  # under figdir; before "figure", which its paths match too
     "advisor": "advisor.{ext}",  # under figdir (the batching advisor: table and figure); before "figure" too
+    "calibration_table": "calibration.{ext}",  # under figdir: every machine's calibration point; before "figure"
     "figure": "{name}.{ext}",  # under figdir
 }
 # The kinds under figdir; every other kind is under outdir.
-IN_FIGDIR = ("table1", "advisor", "figure")
+IN_FIGDIR = ("table1", "advisor", "calibration_table", "figure")
 # The measured results whose summary row :func:`slmserve.analysis.planned_row` can write from the path alone.
 MEASURED = ("run", "point", "replication")
 FIGURE_EXTS = (".png", ".svg", ".html", ".caption.md")
-TABLE1_EXTS = (".csv", ".md")
+TABLE1_EXTS = (".csv", ".md")  # also the calibration table's
 ADVISOR_EXTS = (".csv", ".md", *FIGURE_EXTS)  # slmserve.advisor: its table and its figure
 
 
@@ -147,6 +152,10 @@ class Layout:
 
     def table1_files(self) -> list[str]:
         return [self.path("table1", ext=ext.removeprefix(".")) for ext in TABLE1_EXTS]
+
+    def calibration_table_files(self) -> list[str]:
+        """Every machine's calibration point (CSV, Markdown; :mod:`slmserve.calibration`)."""
+        return [self.path("calibration_table", ext=ext.removeprefix(".")) for ext in TABLE1_EXTS]
 
     def advisor_files(self) -> list[str]:
         """The batching advisor's table (CSV, Markdown) and figure (:mod:`slmserve.advisor`)."""

@@ -1,0 +1,99 @@
+"""The calibration point of every machine side by side: how far machines differ on the same measurement.
+
+Before its other jobs, each machine measures one point per calibration model (config ``calibration``: by
+default OPT-125M and OPT-1.3B at batch 256, 3 repeats), written as ``calibration/<machine>/<model>.requests
+.parquet`` (:mod:`slmserve.machine` names the machine). :func:`table` gives one row per such file: the
+machine, its GPU model and driver, host CPU model and cores, engine version, batch, ``n`` repeats and the
+system throughput (req/s) as mean, SD, ``cv = sd / mean`` and 95% CI (:func:`slmserve.stats.describe` over
+the repeats of :func:`slmserve.analysis.summarize_repeats`), and when it was measured. :func:`spread`: per
+model, the ratio of the largest machine mean to the smallest and of their CIs' bounds (no claim without 2
+machines).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import polars as pl
+
+from slmserve import analysis, io, layout, stats
+
+COLUMNS = ("machine", "model", "gpu_model", "driver", "cpu_model", "cpu_cores", "engine_version", "batch_size",
+           "n", "throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi", "created", "path")  # fmt: skip
+_FLOATS = ("throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi")
+
+
+def row(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The calibration row of one file (module docstring); ValueError for a path not of the layout."""
+    kind, keys = layout.parse(str(path))
+    if kind != "calibration":
+        raise ValueError(f"{path}: not a calibration file (calibration/<machine>/<model>.requests.parquet)")
+    prov = io.read_meta(path)["provenance"]
+    reps = analysis.summarize_repeats(path)
+    d = stats.describe([r.get("throughput_rps") for r in reps])
+    return {
+        "machine": keys["machine"], "model": keys["model"], "gpu_model": analysis.gpu_model(prov),
+        "driver": prov.get("driver"), "cpu_model": prov.get("cpu_model"), "cpu_cores": prov.get("cpu_cores"),
+        "engine_version": prov.get("engine_version"), "batch_size": reps[0].get("batch_size"), "n": d["n"],
+        "throughput_rps": d["mean"], "throughput_rps_sd": d["sd"],
+        "cv": d["sd"] / d["mean"] if d["sd"] is not None and d["mean"] else None,
+        "ci_lo": d["ci_lo"], "ci_hi": d["ci_hi"], "created": prov.get("created"), "path": str(path),
+    }  # fmt: skip
+
+
+def table(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
+    """One row per calibration file (module docstring), by model then machine."""
+    rows = [row(p) for p in paths]
+    if not rows:
+        return pl.DataFrame(schema={c: pl.Float64 if c in _FLOATS else pl.Utf8 for c in COLUMNS})
+    frame = pl.DataFrame(rows, schema_overrides={c: pl.Float64 for c in _FLOATS}, infer_schema_length=None)
+    return frame.select(COLUMNS).sort("model", "machine")
+
+
+def spread(frame: pl.DataFrame) -> pl.DataFrame:
+    """Per model with 2 or more machines: ``machines``, the largest and smallest machine mean and their ratio."""
+    ok = frame.filter(pl.col("throughput_rps").is_not_null())
+    return (
+        ok.group_by("model", maintain_order=True)
+        .agg(
+            machines=pl.len(),
+            lowest=pl.col("throughput_rps").min(),
+            highest=pl.col("throughput_rps").max(),
+        )
+        .filter(pl.col("machines") >= 2)
+        .with_columns(ratio=pl.col("highest") / pl.col("lowest"))
+    )
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def to_markdown(frame: pl.DataFrame) -> str:
+    """The table (req/s: mean [95% CI], n, CV) and, where 2 or more machines measured a model, its spread."""
+    head = ("| machine | GPU (driver) | host CPU (cores) | vLLM | model | batch | req/s mean [95% CI] | n | CV |\n"
+            "|:---|:---|:---|:---|:---|---:|---:|---:|---:|")  # fmt: skip
+    body = [
+        f"| {r['machine']} | {r['gpu_model']} ({r['driver'] or '-'}) | {r['cpu_model']} ({r['cpu_cores']}) | "
+        f"{r['engine_version']} | {r['model']} | {r['batch_size']} | {_fmt(r['throughput_rps'])} "
+        f"[{_fmt(r['ci_lo'])}, {_fmt(r['ci_hi'])}] | {r['n']} | "
+        f"{_pct(r['cv'])} |"
+        for r in frame.iter_rows(named=True)
+    ]
+    sp = spread(frame)
+    notes = [
+        "",
+        "One calibration point per machine, measured before its other jobs (config `calibration`; "
+        "slmserve.calibration). CI: Student's t over the repeats.",
+    ]
+    notes += [f"- {r['model']}: {r['machines']} machines, {_fmt(r['lowest'])} to {_fmt(r['highest'])} req/s "
+              f"(highest / lowest {r['ratio']:.3f})" for r in sp.iter_rows(named=True)]  # fmt: skip
+    if sp.is_empty():
+        notes.append("- No model has been calibrated on two machines yet: no spread between machines.")
+    return "\n".join([head, *body, *notes]) + "\n"
