@@ -291,3 +291,21 @@ def test_dry_run_quick_tp_profile(tmp_path: Path) -> None:
         for tp in (1, 2, 4):
             assert f"wildcards: model={model}, tp={tp}, out=256, rate=inf" in out.stdout
     assert re.search(r"sweep:\n(.*\n)*?\s+resources: .*gpu=4", out.stdout)
+
+
+def test_dry_run_tp2_profile(tmp_path: Path) -> None:
+    """The 2-GPU host's set: four models on 1 and 2 GPUs, one job (one server) each, this machine's
+    calibration point first; a two-GPU job takes both GPUs, so only one-GPU jobs run side by side."""
+    out = snakemake("all", "-n", "--cores", "8", "--resources", "gpu=2", "--configfile", "config/tp2.yaml",
+                    "--config", f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    assert counts["sweep"] == 8 and counts["calibration"] == 2 and "kv_probe" not in counts
+    assert "replication" not in counts and "output_lengths" not in counts
+    for model in ("opt125m", "opt1.3b", "opt6.7b", "opt13b"):
+        for tp in (1, 2):
+            assert f"wildcards: model={model}, tp={tp}, out=256, rate=inf" in out.stdout
+    gpus = {m[1]: m[2] for m in re.finditer(r"wildcards: model=(\S+, tp=\d), .*\n(?:.*\n)*?\s+resources: .*gpu=(\d)",
+                                             out.stdout)}  # fmt: skip
+    assert gpus["opt13b, tp=2"] == "2" and gpus["opt13b, tp=1"] == "1" and gpus["opt125m, tp=1"] == "1"
+    assert f"{tmp_path}/figs/throughput_latency.png" in out.stdout
