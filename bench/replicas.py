@@ -2,6 +2,7 @@
 
     python bench/replicas.py run --model opt1.3b --probe results/capacity/opt1.3b-whole.json --prompts P
         --out DIR [--replicas 1 2 3] [--variants sequential together together-mps] [--repeats 3]
+        [--plans 4x256 ...] [--advisor paper_figures/quick/advisor.csv [--max-replicas 4]]
     python bench/replicas.py compare DIR     # here, on the results brought back
 
 ``run`` measures each replica count in each variant with the workflow's own replication job
@@ -11,11 +12,17 @@ the requests split evenly, repeats on the same servers). Variants: ``sequential`
 as ``sequential``: it is the one-instance reference. Results, as the workflow writes them:
 ``DIR/<model>/<variant>/r<n>.requests.parquet`` (and the telemetry beside it).
 
+Plans other than the paper's equal split of the one-GPU maximum (issue 15, the plan experiment): ``--plans
+KxB`` runs K replicas of batch B each (each with 1/K of the memory share) in every variant, into
+``r<K>-b<B>.requests.parquet``; ``--advisor CSV`` adds the batching advisor's plan for the model
+(:func:`advisor_plan`: its replicas that fit, at most ``--max-replicas``, times its chosen batch).
+
 ``compare`` prints and writes ``DIR/compare.csv``: per model, replicas and variant, the system throughput
 (req/s, all replicas' requests over the common wall-clock window) with n and 95% CI; its ratio with its 95% CI
-(:func:`slmserve.stats.ratio_ci`) to one instance (``gain``) and to the ``sequential`` plain start of the same
-count (``vs_sequential``); each replica's KV-cache tokens; and the start-up span (first launch to last server
-ready, from the servers' own clocks).
+(:func:`slmserve.stats.ratio_ci`) to one instance (``gain``: the equal split's one replica, ``r1``) and to the
+``sequential`` plain start of the same plan (``vs_sequential``); the plan (``equal`` or ``KxB``); each
+replica's KV-cache tokens; and the start-up span (first launch to last server ready, from the servers' own
+clocks).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,21 +47,52 @@ log = logging.getLogger("replicas")
 VARIANTS = ("sequential", "together", "sequential-mps", "together-mps")
 
 
+def parse_plan(text: str) -> tuple[int, int]:
+    """``"4x256"`` -> (4 replicas, batch 256 each); ValueError naming the form otherwise."""
+    m = re.fullmatch(r"(\d+)x(\d+)", text)
+    if not m or int(m[1]) < 1 or int(m[2]) < 1:
+        raise ValueError(f"plan {text!r}: write it as REPLICASxBATCH, e.g. 4x256")
+    return int(m[1]), int(m[2])
+
+
+def advisor_plan(csv: Path, model: str, max_replicas: int) -> tuple[int, int]:
+    """The batching advisor's plan for ``model`` from its table (``advisor.csv``): ``min(replicas_fit,
+    max_replicas)`` replicas (at least 1) of its ``chosen_batch`` each."""
+    rows = pl.read_csv(csv).filter(pl.col("model") == model)
+    if rows.is_empty() or rows["chosen_batch"][0] is None:
+        raise SystemExit(f"{csv}: the advisor chose no batch for {model}; run the advisor on its sweep first")
+    fit = rows["replicas_fit"][0] or 1
+    return max(1, min(int(fit), max_replicas)), int(rows["chosen_batch"][0])
+
+
+def plan_name(path: Path) -> str:
+    """``r2.requests.parquet`` -> ``equal``; ``r4-b256.requests.parquet`` -> ``4x256``."""
+    stem = path.name.removesuffix(".requests.parquet")
+    n, _, batch = stem.removeprefix("r").partition("-b")
+    return f"{n}x{batch}" if batch else "equal"
+
+
 def run(args: argparse.Namespace) -> None:
     probe = json.loads(args.probe.read_text())
     base = sweep_job(args.model, "restart", args.prompts, args.out, [1], repeats=args.repeats, requests=args.requests)
     base = shrunk(base, args)
     one_gpu_max = runner.max_batch_from_probe(probe, base.fits, str(args.probe))
-    todo = [(1, "sequential")] if 1 in args.replicas else []
-    todo += [(n, v) for n in args.replicas if n > 1 for v in args.variants]
-    for n, variant in todo:
-        out = args.out / args.model / variant / f"r{n}.requests.parquet"
+    plans = [parse_plan(p) for p in args.plans]
+    if args.advisor:
+        plans.append(advisor_plan(args.advisor, args.model, args.max_replicas))
+    todo = [(1, None, "sequential")] if 1 in args.replicas else []
+    todo += [(n, None, v) for n in args.replicas if n > 1 for v in args.variants]
+    todo += [(n, b, v) for n, b in dict.fromkeys(plans) for v in args.variants]
+    for n, batch, variant in todo:
+        name = f"r{n}" if batch is None else f"r{n}-b{batch}"
+        out = args.out / args.model / variant / f"{name}.requests.parquet"
         if out.exists():
             log.info("%s: already measured", out)
             continue
         start, _, mps = variant.partition("-")
-        replication.run_replication(base, n, one_gpu_max, out, probe=probe, start=start, use_mps=bool(mps))
-        log.info("== %s x%d %s: done", args.model, n, variant)
+        replication.run_replication(base, n, one_gpu_max, out, probe=probe, start=start, use_mps=bool(mps),
+                                    batch=batch)  # fmt: skip
+        log.info("== %s %s %s: done", args.model, name, variant)
 
 
 def startup_span_s(servers: list[dict[str, Any]]) -> float | None:
@@ -70,31 +109,36 @@ def compare(args: argparse.Namespace) -> pl.DataFrame:
         raise SystemExit(f"{args.out}: no */<variant>/r*.requests.parquet here; run `run` first")
     rows, servers, out = [], {}, []
     for p in paths:
-        meta, variant = io.read_meta(p), p.parent.name
+        meta, variant, plan = io.read_meta(p), p.parent.name, plan_name(p)
+        run = meta["run"]
         if meta["status"] != "ok":  # e.g. MPS on the CPU engine: unsupported, with the reason
-            out.append({"model": meta["run"]["model"], "replicas": meta["run"]["replicas"], "variant": variant,
-                        "status": meta["status"], "reason": meta.get("reason")})  # fmt: skip
+            out.append({"model": run["model"], "replicas": run["replicas"], "batch_per_replica": run.get(
+                "batch_per_replica"), "plan": plan, "variant": variant, "status": meta["status"],
+                "reason": meta.get("reason")})  # fmt: skip
             continue
-        rows += [{**r, "variant": variant} for r in replication.summarize_repeats(p)]
-        servers[(meta["run"]["model"], variant, meta["run"]["replicas"])] = measure.repeats_of(meta)[0]["servers"]
+        rows += [{**r, "variant": variant, "plan": plan} for r in replication.summarize_repeats(p)]
+        servers[(run["model"], variant, run["replicas"], plan)] = measure.repeats_of(meta)[0]["servers"]
     frame = pl.DataFrame(rows, infer_schema_length=None)
-    for (model, n, variant), g in frame.group_by("model", "replicas", "variant", maintain_order=True):
+    keys = ("model", "replicas", "plan", "variant")
+    for (model, n, plan, variant), g in frame.group_by(*keys, maintain_order=True):
         tput = g["throughput_rps"].to_list()
-        one = frame.filter(pl.col("model") == model, pl.col("replicas") == 1)["throughput_rps"].to_list()
-        seq = frame.filter(pl.col("model") == model, pl.col("replicas") == n,
+        mine = frame.filter(pl.col("model") == model, pl.col("replicas") == n, pl.col("plan") == plan)
+        one = frame.filter(pl.col("model") == model, pl.col("replicas") == 1, pl.col("plan") == "equal",
                            pl.col("variant") == "sequential")["throughput_rps"].to_list()  # fmt: skip
+        seq = mine.filter(pl.col("variant") == "sequential")["throughput_rps"].to_list()
         d, gain, vs_seq = stats.describe(tput), stats.ratio_ci(tput, one), stats.ratio_ci(tput, seq)
-        srv = servers[(model, variant, n)]
+        srv = servers[(model, variant, n, plan)]
         out.append({
-            "model": model, "replicas": n, "variant": variant, "status": "ok", "reason": None, "n": d["n"],
+            "model": model, "replicas": n, "batch_per_replica": g["batch_per_replica"][0], "plan": plan,
+            "variant": variant, "status": "ok", "reason": None, "n": d["n"],
             "throughput_rps": d["mean"], "ci_lo": d["ci_lo"], "ci_hi": d["ci_hi"],
             "gain": gain["ratio"], "gain_ci_lo": gain["ci_lo"], "gain_ci_hi": gain["ci_hi"],
             "vs_sequential": vs_seq["ratio"], "vs_sequential_ci_lo": vs_seq["ci_lo"],
             "vs_sequential_ci_hi": vs_seq["ci_hi"], "kv_tokens": str([s.get("kv_cache_tokens") for s in srv]),
             "startup_span_s": startup_span_s(srv),
         })  # fmt: skip
-    return write_table(pl.DataFrame(out, infer_schema_length=None).sort("model", "replicas", "variant"), args.out,
-                       precision=3)  # fmt: skip
+    table = pl.DataFrame(out, infer_schema_length=None).sort("model", "replicas", "plan", "variant")
+    return write_table(table, args.out, precision=3)
 
 
 def run_args(r: argparse.ArgumentParser) -> None:
@@ -103,6 +147,9 @@ def run_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--variants", nargs="+", default=["sequential", "together", "together-mps"], choices=VARIANTS)
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--requests", type=int, default=500, help="requests per run, split over the replicas")
+    r.add_argument("--plans", nargs="*", default=[], help="more plans, REPLICASxBATCH each (e.g. 4x256)")
+    r.add_argument("--advisor", type=Path, help="the batching advisor's table (advisor.csv): add its plan")
+    r.add_argument("--max-replicas", type=int, default=4, help="most replicas of the advisor's plan")
     smoke_args(r)
 
 

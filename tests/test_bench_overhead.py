@@ -67,6 +67,7 @@ def test_replicas_compare_on_a_cpu_smoke_run(tmp_path: Path) -> None:
     frame = replicas.compare(argparse.Namespace(out=tmp_path / "out"))
     got = {(r["replicas"], r["variant"]): r for r in frame.iter_rows(named=True)}
     assert set(got) == {(1, "sequential"), (2, "sequential"), (2, "together"), (2, "together-mps")}
+    assert set(frame["plan"]) == {"equal"} and got[(2, "together")]["batch_per_replica"] is not None
     assert got[(1, "sequential")]["gain"] == pytest.approx(1.0)
     together, sequential = got[(2, "together")], got[(2, "sequential")]
     assert together["gain"] == pytest.approx(together["throughput_rps"] / got[(1, "sequential")]["throughput_rps"])
@@ -75,6 +76,43 @@ def test_replicas_compare_on_a_cpu_smoke_run(tmp_path: Path) -> None:
     assert together["startup_span_s"] > 0 and together["n"] == 2
     mps = got[(2, "together-mps")]
     assert mps["status"] == "unsupported" and "MPS needs a GPU" in mps["reason"] and mps["throughput_rps"] is None
+
+
+def test_replicas_compare_sets_a_plan_beside_the_equal_split(tmp_path: Path) -> None:
+    """A plan's run (here the smoke run's two replicas filed as a 2x4 plan, in two variants) is its own row,
+    with its gain over the equal split's one replica and its ratio to its own sequential start."""
+    out = tmp_path / "out"
+    shutil.copytree(ROOT / "tests/fixtures/replicas-smoke", out)
+    for variant in ("sequential", "together"):
+        for kind in ("requests", "telemetry"):
+            shutil.copy(out / f"opt125m/{variant}/r2.{kind}.parquet", out / f"opt125m/{variant}/r2-b4.{kind}.parquet")
+    frame = replicas.compare(argparse.Namespace(out=out))
+    got = {(r["replicas"], r["plan"], r["variant"]): r for r in frame.iter_rows(named=True)}
+    assert {k for k in got if k[1] == "2x4"} == {(2, "2x4", "sequential"), (2, "2x4", "together")}
+    plan, equal = got[(2, "2x4", "together")], got[(2, "equal", "together")]
+    assert plan["throughput_rps"] == pytest.approx(equal["throughput_rps"])
+    assert plan["gain"] == pytest.approx(plan["throughput_rps"] / got[(1, "equal", "sequential")]["throughput_rps"])
+    assert plan["vs_sequential"] == pytest.approx(
+        plan["throughput_rps"] / got[(2, "2x4", "sequential")]["throughput_rps"]
+    )
+    assert got[(1, "equal", "sequential")]["gain"] == pytest.approx(1.0)
+
+
+def test_replica_plans_from_the_command_line_and_the_advisor(tmp_path: Path) -> None:
+    assert replicas.parse_plan("4x256") == (4, 256)
+    for bad in ("4*256", "0x256", "4x"):
+        with pytest.raises(ValueError, match="write it as REPLICASxBATCH"):
+            replicas.parse_plan(bad)
+    assert replicas.plan_name(Path("r2.requests.parquet")) == "equal"
+    assert replicas.plan_name(Path("r4-b256.requests.parquet")) == "4x256"
+    advice = ROOT / "paper_figures/quick/advisor.csv"  # OPT-125M: batch 256, 10 replicas fit; OPT-1.3B: 256, 1
+    if not advice.exists():
+        pytest.skip("paper_figures/quick not in this checkout")
+    assert replicas.advisor_plan(advice, "opt125m", max_replicas=4) == (4, 256)
+    assert replicas.advisor_plan(advice, "opt125m", max_replicas=12) == (10, 256)
+    assert replicas.advisor_plan(advice, "opt1.3b", max_replicas=4) == (1, 256)
+    with pytest.raises(SystemExit, match="the advisor chose no batch for opt13b"):
+        replicas.advisor_plan(advice, "opt13b", max_replicas=4)
 
 
 def test_startup_span_runs_from_first_launch_to_last_ready() -> None:

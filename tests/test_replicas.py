@@ -104,6 +104,12 @@ def test_mps_without_a_gpu_is_recorded_as_unsupported(tmp_path: Path, monkeypatc
     assert (row["status"], row["mps"], row["start"], row["replicas"]) == ("unsupported", True, "sequential", 2)
     with pytest.raises(ValueError, match="replication start 'parallel': allowed values are sequential, together"):
         replication.run_replication(job, 2, 8, out, start="parallel")
+    assert io.read_meta(out)["run"]["batch_per_replica"] == 4  # the one-GPU maximum 8 split evenly
+    assert io.read_meta(out)["run"]["batch_rule"] == "one-GPU maximum / replicas"
+    replication.run_replication(job, 2, 8, out, use_mps=True, batch=3)  # a plan's own batch
+    assert (io.read_meta(out)["run"]["batch_per_replica"], io.read_meta(out)["run"]["batch_rule"]) == (3, "given")
+    with pytest.raises(ValueError, match="replication batch 0: a replica's batch must be at least 1"):
+        replication.run_replication(job, 2, 8, out, batch=0)
 
 
 def test_replica_kv_bytes_leave_out_what_one_server_holds_besides_its_cache() -> None:

@@ -91,19 +91,24 @@ def start_replicas(stack: contextlib.ExitStack, specs: list[ServerSpec], togethe
 
 def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *,
                     probe: Mapping[str, Any] | None = None, start: str = "sequential",
-                    use_mps: bool = False) -> dict[str, Any]:  # fmt: skip
+                    use_mps: bool = False, batch: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Run ``replicas`` servers of ``job.model`` on one GPU, started ``sequential`` or ``together``, under
     MPS if ``use_mps``; write ``out`` (requests of all replicas, column ``replica``) and the telemetry beside
-    it (:func:`slmserve.analysis.telemetry_path`). ``probe`` is the whole-GPU KV-cache probe."""
+    it (:func:`slmserve.analysis.telemetry_path`). ``probe`` is the whole-GPU KV-cache probe. Each replica
+    gets an equal share of the memory and the batch ``batch``, by default the one-GPU maximum split evenly
+    (``one_gpu_max // replicas``, the paper's plan); a plan of its own (the batching advisor's) gives it."""
     if start not in START_MODES:
         raise ValueError(f"replication start {start!r}: allowed values are {', '.join(START_MODES)}")
-    batch = one_gpu_max // replicas
+    if batch is not None and batch < 1:
+        raise ValueError(f"replication batch {batch}: a replica's batch must be at least 1")
+    rule = "one-GPU maximum / replicas" if batch is None else "given"
+    batch = one_gpu_max // replicas if batch is None else batch
     paths = (out, layout.telemetry_path(out))
     with guard([out], f"{job.model} x{replicas}"):
         prompts = load_prompts(job)
         with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
             run = {**job.describe(), "replicas": replicas, "batch_per_replica": batch, "one_gpu_max_batch": one_gpu_max,
-                   "batch_sizes": None, "start": start, "mps": use_mps}  # fmt: skip
+                   "batch_rule": rule, "batch_sizes": None, "start": start, "mps": use_mps}  # fmt: skip
             head = header(run, alloc.ids, alloc.nvml_indices)
             if batch < 1:
                 return write_unmeasured(paths, head, f"one-GPU maximum batch {one_gpu_max} < {replicas} replicas")
