@@ -24,7 +24,7 @@ def test_a_misspelled_top_level_key_is_named_in_a_few_lines(tmp_path: Path) -> N
     proc = snakemake("all", "-n", "--cores", "1", "--configfile", "config/smoke.yaml", str(bad))
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
-    assert "'experimentz' was unexpected" in text and "allowed keys here: allow_cpu, dataset" in text
+    assert "'experimentz' was unexpected" in text and "allowed keys here: allow_cpu, calibration, dataset" in text
     assert len(text.splitlines()) < 40, text[-3000:]  # not the whole schema
 
 
