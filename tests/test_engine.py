@@ -20,7 +20,7 @@ import polars as pl
 import psutil
 import pytest
 
-from slmserve import io
+from slmserve import io, journal, measure
 from slmserve.gpuslots import GpuSlots
 from tests.conftest import ROOT, requires_engine, snakemake
 
@@ -262,6 +262,31 @@ def test_sigterm_stops_server_group(tmp_path: Path, prompts: Path) -> None:
     assert locks_free(tmp_path)
 
 
+def test_a_stopped_sweep_resumes_from_its_saved_repeats(tmp_path: Path, prompts: Path) -> None:
+    """SIGTERM once the first repeat is kept: no result file, the repeat stays; the rerun measures only the
+    second (slmserve.journal)."""
+    kw = {"batch_control": "scheduler", "repeats": 2, "num_requests": 8}  # a repeat takes ~7 s here
+    proc, log, _ = start_job(tmp_path, prompts, **kw)
+    kept = tmp_path / "run" / journal.DIR / "bs1.r0.requests.parquet"
+    deadline = time.monotonic() + 600
+    while not kept.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    assert not list((tmp_path / "run").glob("*.parquet")) and kept.exists()  # nothing that looks done
+
+    proc, log, _ = start_job(tmp_path, prompts, **kw)
+    assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    assert "bs1.requests.parquet: 1 repeats resumed" in log.read_text()
+    reps = measure.repeats_of(io.read_meta(tmp_path / "run/bs1.requests.parquet"))
+    assert [r.get("resumed", False) for r in reps] == [True, False]
+    assert reps[0]["machine"] == reps[1]["machine"] and reps[0]["provenance"]["git_sha"]
+    assert pl.read_parquet(tmp_path / "run/bs1.requests.parquet").group_by("repeat").len().height == 2
+    assert not (tmp_path / "run" / journal.DIR).exists()
+    assert locks_free(tmp_path)
+
+
 def _in_service_peak(req: pl.DataFrame) -> int:
     """The most requests between their first token and their end at any moment, as the client saw them."""
     events = sorted([(t, 1) for t in req["first_token_s"]] + [(t, -1) for t in req["end_s"]], key=lambda e: e)
@@ -281,7 +306,7 @@ def test_scheduler_caps_the_batch_on_one_server_with_interleaved_repeats(tmp_pat
                                 num_requests=12, output_len=32)  # fmt: skip
     assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
     assert log.read_text().count("server up") == 1
-    starts = []
+    starts, sampled = [], []
     for b in sizes:
         path = Path(spec["out"]) / f"bs{b}.requests.parquet"
         meta, req = io.read_meta(path), pl.read_parquet(path)
@@ -289,11 +314,14 @@ def test_scheduler_caps_the_batch_on_one_server_with_interleaved_repeats(tmp_pat
         assert [r["repeat"] for r in meta["repeats"]] == [0, 1] and req["repeat"].unique().sort().to_list() == [0, 1]
         for rep in meta["repeats"]:
             engine = rep["engine"][0]
-            assert engine["gauge_samples"] >= 1 and engine["running_max"] <= b, (b, engine)
+            # A 1 Hz poll of a busy 2-core server can miss a run of 1-3 s: samples are checked where taken.
+            assert engine["running_max"] is None or engine["running_max"] <= b, (b, engine)
+            sampled.append(engine["gauge_samples"])
             assert rep["loads"][0]["peak_inflight"] == 12  # the client sent everything at once
             assert _in_service_peak(req.filter(pl.col("repeat") == rep["repeat"])) <= b
             starts.append((rep["t0_mono"], b, rep["repeat"]))
     assert [(b, r) for _, b, r in sorted(starts)] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]
+    assert sum(sampled) >= 1, sampled  # the gauge was read during the sweep's 10-20 s of runs
     server_log = (Path(spec["out"]) / "logs/server-all.log").read_text()
     assert "--scheduler-cls slmserve.vllm_scheduler." in server_log
     assert [int(m) for m in re.findall(r"slmserve batch cap (\d+)", server_log)][:3] == [1, 2, 4]

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from slmserve import analysis, dataset, figures, io, runner
+from slmserve import analysis, dataset, figures, io, journal, runner
 from slmserve.server import UnsupportedError
 from tests.conftest import ROOT
 
@@ -52,8 +52,12 @@ def test_unsupported_model_is_one_start_and_a_result_per_batch_size(
         output_len=4, num_requests=2, batch_control=batch_control, telemetry_enabled=False,
         engine_args=["--attention-backend", "TRITON_ATTN"],
     )  # fmt: skip
+    kept = journal.partial_paths(outputs[1], 0)  # a repeat left by an earlier, stopped job
+    kept[0].parent.mkdir()
+    kept[0].write_bytes(b"")
     runner.run_sweep(job)
     assert StandInUnsupportedServer.starts == 1
+    assert not kept[0].parent.exists()  # the point has its result: nothing is left to resume
     summary = analysis.summarize_runs([str(outputs[b][0]) for b in sizes], {"mpt7b": {"family": "MPT"}})
     assert summary["status"].to_list() == ["unsupported"] * 3
     assert summary["engine_args"].to_list() == ["--attention-backend TRITON_ATTN"] * 3  # recorded with each run

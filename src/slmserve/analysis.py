@@ -144,6 +144,7 @@ def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame
         preemptions=((rep.get("server_counters") or [{}])[0] or {}).get("vllm:num_preemptions_total"),
         effective_batch=engine.get("effective_batch"),
         running_max=engine.get("running_max"),
+        machine=rep.get("machine"),  # where the repeat ran (slmserve.journal); None in older files
         client_ok=bool(
             load.get("lag_ok", True)
             and load.get("inflight_ok", True)
@@ -247,11 +248,18 @@ def _agg(col: str, dtype: pl.DataType) -> pl.Expr:
 
 def points(repeats: pl.DataFrame) -> pl.DataFrame:
     """One row per point (per result file, ``path``) from its repeats' rows: each metric's mean (counts:
-    the smallest; flags: all true), ``n_repeats``, and for :data:`CI_METRICS` the SD and 95% CI."""
+    the smallest; flags: all true), ``n_repeats``, ``n_machines`` (how many machines its repeats ran on, where
+    they recorded it; a job resumed elsewhere gives 2) and for :data:`CI_METRICS` the SD and 95% CI."""
     if "repeat" not in repeats.columns:
         repeats = repeats.with_columns(repeat=pl.lit(None, pl.Int64))
-    aggs = [_agg(c, t).alias(c) for c, t in repeats.schema.items() if c not in ("path", "repeat")]
-    out = repeats.group_by("path", maintain_order=True).agg(*aggs, n_repeats=pl.col("repeat").count())
+    if "machine" not in repeats.columns:
+        repeats = repeats.with_columns(machine=pl.lit(None, pl.String))
+    machines = pl.col("machine").drop_nulls()
+    aggs = [_agg(c, t).alias(c) for c, t in repeats.schema.items() if c not in ("path", "repeat", "machine")]
+    out = repeats.group_by("path", maintain_order=True).agg(
+        *aggs, n_repeats=pl.col("repeat").count(),
+        n_machines=pl.when(machines.count() > 0).then(machines.n_unique()),
+    )  # fmt: skip
     spread = []
     for _, group in repeats.group_by("path", maintain_order=True):
         row: dict[str, Any] = {}
@@ -261,8 +269,8 @@ def points(repeats: pl.DataFrame) -> pl.DataFrame:
                 row.update({f"{m}_sd": d["sd"], f"{m}_ci_lo": d["ci_lo"], f"{m}_ci_hi": d["ci_hi"]})
         spread.append(row)
     extra = pl.DataFrame(spread, infer_schema_length=None)
-    order = [c for c in repeats.columns if c != "repeat"]
-    out = out.select([*order, "n_repeats"])
+    order = [c for c in repeats.columns if c not in ("repeat", "machine")]
+    out = out.select([*order, "n_repeats", "n_machines"])
     return pl.concat([out, extra], how="horizontal") if extra.width else out
 
 

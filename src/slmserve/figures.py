@@ -383,12 +383,24 @@ def _repeats_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] =
     common = counts.mode().sort()[-1]
     k = int((counts == common).sum())
     if k == runs.height:
-        return f"Repeats: n = {common} per point ({k} points)."
+        return f"Repeats: n = {common} per point ({k} points).{_machines_note(runs, name)}"
     line = f"Repeats: n = {common} at {k} of {runs.height} points"
     for n in sorted(set(counts.to_list()) - {common}):
         rows = runs.filter(counts == n)
         line += f"; {rows.height} points with n = {n}: {', '.join(name(r) for r in rows.iter_rows(named=True))}"
-    return line + "."
+    return line + "." + _machines_note(runs, name)
+
+
+def _machines_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
+    """`` Repeats of 2 points ran on 2 machines (a job resumed on another): a, b.`` where any did."""
+    if "n_machines" not in runs.columns:
+        return ""
+    rows = runs.filter(pl.col("n_machines").fill_null(1) > 1)
+    if rows.is_empty():
+        return ""
+    most = int(rows["n_machines"].max())
+    return (f" Repeats of {rows.height} point{'s' * (rows.height > 1)} ran on up to {most} machines (a job resumed "
+            f"on another): {', '.join(name(r) for r in rows.iter_rows(named=True))}.")  # fmt: skip
 
 
 def _ci_note(runs: pl.DataFrame, metrics: Sequence[str]) -> str:

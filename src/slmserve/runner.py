@@ -10,9 +10,10 @@ A :class:`SweepJob` holds what one job needs. How the batch size is held (``batc
 Every point is measured ``repeats`` times on the same server, with a time budget (:func:`wants_repeat`):
 interleaved across the points (all batch sizes, then all again) where one server serves them all
 (``scheduler``, ``client``); back to back on its own server with ``restart``, so there the spread of the
-repeats leaves out the variation between server starts. A batch that does not fit the KV cache,
-or a memory share vLLM refuses, is written as ``infeasible``; a model the engine does not serve, as
-``unsupported``.
+repeats leaves out the variation between server starts. Each repeat is kept as it ends
+(:mod:`slmserve.journal`): a job stopped part-way measures only the missing repeats when it runs again.
+A batch that does not fit the KV cache, or a memory share vLLM refuses, is written as ``infeasible``; a model
+the engine does not serve, as ``unsupported``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import polars as pl
 from slmserve import batchcap, capacity, io, nvml, provenance
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.jobguard import guard
+from slmserve.journal import Journal, discard_saved
 from slmserve.loadgen import LoadSpec
+from slmserve.machine import machine_id
 from slmserve.measure import Measurement, batch_fits, header, lag_threshold_s, measure, write_point, write_unmeasured
 from slmserve.server import InfeasibleError, ServerError, ServerSpec, UnsupportedError, VllmServer
 
@@ -260,14 +263,24 @@ def measure_point(p: Point, srv: VllmServer, alloc: Allocation, prompts: pl.Data
 
 
 def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measurement], repeats: int,
-                   budget_s: float | None) -> None:  # fmt: skip
-    """Measure every point ``repeats`` times, interleaved (all points, then all again), then write them."""
+                   budget_s: float | None, journal: Journal | None = None) -> None:  # fmt: skip
+    """Measure every point ``repeats`` times, interleaved (all points, then all again), then write them.
+    With a ``journal``, the repeats it holds count as measured and each new one is saved as it ends."""
+    if journal is not None:
+        for point in points:
+            point.runs = journal.load(point.paths, point.meta_run())
     for _ in range(max(1, repeats)):
         for point in points:
             if wants_repeat([m.wall_s for m in point.runs], repeats, budget_s):
-                point.runs.append(run_one(point))
+                m = run_one(point)
+                point.runs.append(m)
+                if journal is not None:
+                    m.meta["machine"] = journal.machine
+                    journal.save(point.paths, point.meta_run(), len(point.runs) - 1, m)
     for point in points:
         write_point(point.paths, point.head, point.runs)
+        if journal is not None:
+            discard_saved(point.paths)
         last = point.runs[-1].meta["loads"][0]
         log.info("%s: %d repeats; last %d requests in %.2f s (peak in flight %d, lag p99 %.1f ms)",
                  point.paths[0].name, len(point.runs), last["n_ok"], last["duration_s"] or 0,
@@ -291,7 +304,8 @@ def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_se
         def run_one(p: Point) -> Measurement:
             return measure_point(p, srv, alloc, prompts)
 
-        measure_points(fitting, run_one, job.repeats, job.repeat_budget_s)
+        prov = points[0].head.get("provenance", {}) if points else {}
+        measure_points(fitting, run_one, job.repeats, job.repeat_budget_s, Journal(machine_id(), prov))
 
 
 def _serve_or_record(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_seqs: int, tag: str,
@@ -304,9 +318,11 @@ def _serve_or_record(job: SweepJob, alloc: Allocation, points: Sequence[Point], 
         for p in points:
             if not p.paths[0].exists():
                 write_unmeasured(p.paths, p.head, exc.reason)
+                discard_saved(p.paths)
     except UnsupportedError as exc:
         for p in points:
             write_unmeasured(p.paths, p.head, exc.reason, status="unsupported")
+            discard_saved(p.paths)
         return exc.reason
     return None
 

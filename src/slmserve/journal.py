@@ -1,0 +1,106 @@
+"""Repeats measured so far of a job's points, kept while the job runs so that a job stopped part-way (a machine
+taken back, a SLURM time limit, Ctrl-C, a server that died) measures only the repeats it is missing when it
+runs again.
+
+A repeat is saved as soon as it ends, beside the point's result files:
+``<folder>/.partial/<point>.r<k>.requests.parquet`` and ``.telemetry.parquet`` (atomic writes). Nothing there
+looks like a result: the DAG, the summaries and the figures read only the point's own files, which are written
+once every repeat is in, after which its saved repeats are deleted.
+
+Each saved repeat carries the hash of the point's settings (:func:`settings_key`: the run description without
+the repeat count and budget, which do not change what one repeat measures). A rerun takes the saved repeats
+whose hash matches, in order from ``r0`` until the first gap, and deletes the rest. Each repeat records the
+machine it ran on (``machine`` in its metadata, :func:`slmserve.machine.machine_id`); one taken from a journal
+also keeps the provenance of the job that measured it (``provenance``, ``resumed: true``), so a point whose
+repeats come from two machines says so (``n_machines`` in the summary).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from slmserve import io
+from slmserve.measure import Measurement
+from slmserve.provenance import config_hash
+
+log = logging.getLogger(__name__)
+
+DIR = ".partial"
+# Settings that decide how many repeats a point gets, not what one repeat measures.
+NOT_IN_KEY = ("repeats", "repeat_budget_s", "batch_sizes")
+
+
+def settings_key(run: Mapping[str, Any]) -> str:
+    """The hash of ``run`` (a point's run description) without :data:`NOT_IN_KEY` (``provenance.config_hash``)."""
+    return config_hash({k: v for k, v in run.items() if k not in NOT_IN_KEY})
+
+
+def _stem(requests_path: Path) -> str:
+    return requests_path.name.removesuffix(".parquet").removesuffix(".requests")
+
+
+def partial_paths(paths: tuple[Path, Path], k: int) -> tuple[Path, Path]:
+    """Where repeat ``k`` of the point whose result files are ``paths`` (requests, telemetry) is kept."""
+    where = paths[0].parent / DIR
+    stem = _stem(paths[0])
+    return where / f"{stem}.r{k}.requests.parquet", where / f"{stem}.r{k}.telemetry.parquet"
+
+
+def _saved(paths: tuple[Path, Path]) -> list[Path]:
+    where = paths[0].parent / DIR
+    return sorted(where.glob(f"{_stem(paths[0])}.r*.*.parquet")) if where.is_dir() else []
+
+
+@dataclass
+class Journal:
+    """The journal of one job: the machine it runs on and that job's provenance, recorded with each repeat."""
+
+    machine: str
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    def save(self, paths: tuple[Path, Path], run: Mapping[str, Any], k: int, m: Measurement) -> None:
+        """Keep repeat ``k`` (``m``) of the point ``paths`` with the settings ``run``."""
+        meta = {"settings_key": settings_key(run), "repeat": k, "wall_s": m.wall_s, "provenance": self.provenance,
+                "meta": m.meta}  # fmt: skip
+        req_path, tel_path = partial_paths(paths, k)
+        io.write_parquet(m.telemetry, tel_path, meta)
+        io.write_parquet(m.requests, req_path, meta)  # last: a requests file means its telemetry is there
+
+    def load(self, paths: tuple[Path, Path], run: Mapping[str, Any]) -> list[Measurement]:
+        """The saved repeats of the point ``paths`` measured with the settings ``run``: ``r0``, ``r1``, ... up
+        to the first one missing, unreadable or of other settings; every other saved file is deleted."""
+        key, runs = settings_key(run), []
+        while True:
+            req_path, tel_path = partial_paths(paths, len(runs))
+            try:
+                meta = io.read_meta(req_path)
+                if meta.get("settings_key") != key:
+                    log.warning("%s: measured with other settings, not resumed", req_path)
+                    break
+                req, tel = pl.read_parquet(req_path), pl.read_parquet(tel_path)
+            except (OSError, ValueError, KeyError, pl.exceptions.PolarsError):
+                break  # missing (the usual end) or cut short
+            rep = {**meta["meta"], "resumed": True, "provenance": meta.get("provenance")}
+            runs.append(Measurement(requests=req, telemetry=tel, meta=rep, wall_s=float(meta["wall_s"])))
+        kept = {p for k in range(len(runs)) for p in partial_paths(paths, k)}
+        for stale in set(_saved(paths)) - kept:
+            stale.unlink(missing_ok=True)
+        if runs:
+            log.info("%s: %d repeats resumed from %s", paths[0].name, len(runs), paths[0].parent / DIR)
+        return runs
+
+
+def discard_saved(paths: tuple[Path, Path]) -> None:
+    """Delete the saved repeats of the point ``paths``, and ``.partial/`` once empty: its result is written
+    (measured, or recorded as infeasible or unsupported)."""
+    for p in _saved(paths):
+        p.unlink(missing_ok=True)
+    where = paths[0].parent / DIR
+    if where.is_dir() and not any(where.iterdir()):
+        where.rmdir()

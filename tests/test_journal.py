@@ -1,0 +1,113 @@
+"""A job stopped part-way keeps its measured repeats (slmserve.journal) and its rerun measures only the missing
+ones; a point whose repeats ran on two machines says so in the summary and the captions. The measuring itself is
+a stand-in function here (named as such); test_engine.py stops and resumes a real sweep on the CPU engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from slmserve import analysis, figures, io, journal, measure, runner
+from slmserve.journal import Journal
+from slmserve.measure import Measurement
+
+
+def _job(tmp_path: Path, **kw: object) -> runner.SweepJob:
+    fields = {"model": "opt125m", "model_path": "config/models/opt-125m", "load_format": "dummy", "tensor_parallel": 1,
+              "batch_sizes": [1, 8], "prompts_path": tmp_path / "p.parquet", "outputs": {}, "log_dir": tmp_path,
+              "input_len": 16, "output_len": 8, "num_requests": 4, "repeats": 3, **kw}  # fmt: skip
+    return runner.SweepJob(**fields)
+
+
+def _points(tmp_path: Path, job: runner.SweepJob) -> list[runner.Point]:
+    pts = []
+    for b in job.batch_sizes:
+        paths = (tmp_path / f"bs{b}.requests.parquet", tmp_path / f"bs{b}.telemetry.parquet")
+        p = runner.Point(b, job, paths)
+        p.head = {"run": p.meta_run(), "provenance": {"host": "here"}, "gpu_ids": []}
+        pts.append(p)
+    return pts
+
+
+def stand_in_measurement(batch: int, k: int) -> Measurement:
+    """What one repeat returns, made up: one request whose id tells its batch and call number."""
+    req = pl.DataFrame({"request_id": [batch * 100 + k], "latency_s": [float(k)]})
+    tel = pl.DataFrame({"t_mono": [float(k)], "power_w": [100.0 + k]})
+    load = {"n_ok": 1, "duration_s": 1.0, "peak_inflight": 1, "lag_p99_s": 0.0}
+    return Measurement(requests=req, telemetry=tel, meta={"t0_mono": 0.0, "call": k, "loads": [load]}, wall_s=1.0)
+
+
+class StandInMeasurer:
+    """``run_one`` for :func:`runner.measure_points` that stops the job (raises) after ``stop_after`` calls."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.calls: list[int] = []
+        self.stop_after = stop_after
+
+    def __call__(self, point: runner.Point) -> Measurement:
+        if self.stop_after is not None and len(self.calls) == self.stop_after:
+            raise KeyboardInterrupt("the job is stopped")
+        self.calls.append(point.batch)
+        return stand_in_measurement(point.batch, len(self.calls))
+
+
+def test_settings_key_ignores_how_many_repeats_but_not_what_a_repeat_measures() -> None:
+    run = {"model": "opt125m", "batch_size": 8, "repeats": 3, "repeat_budget_s": 600, "num_requests": 500}
+    assert journal.settings_key(run) == journal.settings_key({**run, "repeats": 5, "repeat_budget_s": None})
+    assert journal.settings_key(run) != journal.settings_key({**run, "num_requests": 100})
+
+
+def test_a_stopped_job_resumes_with_only_its_missing_repeats(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    first = StandInMeasurer(stop_after=3)  # pass 1: bs1, bs8; pass 2: bs1, then stopped
+    with pytest.raises(KeyboardInterrupt):
+        runner.measure_points(_points(tmp_path, job), first, 3, None, Journal("machine-a", {"host": "a"}))
+    assert first.calls == [1, 8, 1]
+    assert not list(tmp_path.glob("*.parquet"))  # nothing that looks done
+    saved = sorted(p.name for p in (tmp_path / journal.DIR).iterdir())
+    assert saved == [f"bs{b}.r{k}.{kind}.parquet" for b, k in (("1", 0), ("1", 1), ("8", 0))
+                     for kind in ("requests", "telemetry")]  # fmt: skip
+
+    second = StandInMeasurer()
+    runner.measure_points(_points(tmp_path, job), second, 3, None, Journal("machine-b", {"host": "b"}))
+    assert second.calls == [1, 8, 8]  # 3 of the 6 repeats, interleaved as before
+    assert not (tmp_path / journal.DIR).exists()  # kept repeats are gone once the results are written
+    meta = io.read_meta(tmp_path / "bs1.requests.parquet")
+    reps = measure.repeats_of(meta)
+    assert [r["machine"] for r in reps] == ["machine-a", "machine-a", "machine-b"]
+    assert [r.get("resumed", False) for r in reps] == [True, True, False]
+    assert reps[0]["provenance"] == {"host": "a"} and meta["provenance"] == {"host": "here"}
+    req = pl.read_parquet(tmp_path / "bs1.requests.parquet")
+    assert req["repeat"].to_list() == [0, 1, 2] and req["request_id"].to_list() == [101, 103, 101]
+    assert pl.read_parquet(tmp_path / "bs1.telemetry.parquet")["repeat"].to_list() == [0, 1, 2]
+
+
+def test_repeats_of_other_settings_or_after_a_gap_are_not_resumed(tmp_path: Path) -> None:
+    job = _job(tmp_path, batch_sizes=[1])
+    (p,) = _points(tmp_path, job)
+    jr = Journal("m")
+    for k in (0, 1, 3):  # r2 missing: r3 is not taken
+        jr.save(p.paths, p.meta_run(), k, stand_in_measurement(1, k))
+    assert [m.meta["call"] for m in jr.load(p.paths, p.meta_run())] == [0, 1]
+    assert not journal.partial_paths(p.paths, 3)[0].exists()  # deleted, with its telemetry
+    other = {**p.meta_run(), "num_requests": 7}
+    assert jr.load(p.paths, other) == []  # other settings: nothing resumed, the files deleted
+    assert not list((tmp_path / journal.DIR).iterdir())
+    jr.save(p.paths, p.meta_run(), 0, stand_in_measurement(1, 0))
+    journal.partial_paths(p.paths, 0)[1].unlink()  # a repeat without its telemetry is not taken
+    assert jr.load(p.paths, p.meta_run()) == []
+
+
+def test_summary_and_caption_count_the_machines_of_a_points_repeats() -> None:
+    rows = pl.DataFrame({
+        "path": ["a", "a", "b", "b", "c"], "repeat": [0, 1, 0, 1, 0], "model": ["m"] * 5,
+        "batch_size": [1, 1, 8, 8, 64],
+        "machine": ["x", "y", "x", "x", None], "throughput_rps": [1.0, 1.1, 2.0, 2.1, 3.0],
+    })  # fmt: skip
+    p = analysis.points(rows).sort("path")
+    assert p["n_machines"].to_list() == [2, 1, None] and "machine" not in p.columns
+    note = figures._repeats_note(p)
+    assert "ran on up to 2 machines" in note and "Repeats of 1 point " in note
+    assert "machines" not in figures._repeats_note(p.filter(pl.col("path") != "a"))
