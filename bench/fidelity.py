@@ -309,6 +309,18 @@ def bench_command(
     ]  # fmt: skip
 
 
+def request_latencies(obj: Mapping[str, Any]) -> list[float] | None:
+    """Each request's latency in a ``vllm bench serve --save-detailed`` JSON: ``latencies`` where it is saved,
+    else ``ttfts`` plus the sum of ``itls`` (vLLM 0.26.0 saves only these; their sum is the time to the last
+    chunk, which is how vLLM's client measures a latency)."""
+    if obj.get("latencies"):
+        return [float(x) for x in obj["latencies"]]
+    ttfts, itls = obj.get("ttfts"), obj.get("itls")
+    if not ttfts or itls is None or len(ttfts) != len(itls):
+        return None
+    return [float(t) + float(sum(i)) for t, i in zip(ttfts, itls, strict=True)]
+
+
 def parse_bench_result(obj: Mapping[str, Any], n: int, output_len: int) -> RunResult:
     """A :class:`RunResult` from the JSON that ``vllm bench serve --save-result --save-detailed`` writes.
 
@@ -320,7 +332,7 @@ def parse_bench_result(obj: Mapping[str, Any], n: int, output_len: int) -> RunRe
     lens = obj.get("output_lens")
     ok = completed if lens is None else sum(1 for x in lens if x == output_len)
     window_rps = None
-    starts, latencies = obj.get("start_times"), obj.get("latencies")
+    starts, latencies = obj.get("start_times"), request_latencies(obj)
     if lens is not None and starts and latencies and len(starts) == len(latencies) == len(lens):
         good = [(s, s + lat) for s, lat, x in zip(starts, latencies, lens, strict=True) if x == output_len]
         window = max(e for _, e in good) - min(s for s, _ in good) if good else 0.0
@@ -341,6 +353,24 @@ def parse_bench_result(obj: Mapping[str, Any], n: int, output_len: int) -> RunRe
         error=errors[0] if errors else None,
         window_rps=window_rps,
     )
+
+
+def bench_result_path(workdir: Path, batch: int, repeat: int) -> Path:
+    """Where :func:`vllm_bench_client` leaves the result JSON of the run at ``batch``, ``repeat``."""
+    return workdir / f"{VLLM_BENCH}-bs{batch}-r{repeat}.json"
+
+
+def fill_bench_windows(rows: Sequence[Mapping[str, Any]], workdir: Path, output_len: int) -> list[dict[str, Any]]:
+    """``rows`` with ``window_rps`` of each ``vllm bench serve`` run that lacks it taken from the result JSON the
+    run left in ``workdir`` (:func:`parse_bench_result`), e.g. runs parsed before ``itls`` were read."""
+    out = []
+    for row in rows:
+        path = bench_result_path(workdir, row["batch"], row["repeat"])
+        if row["client"] == VLLM_BENCH and row.get("window_rps") is None and path.exists():
+            res = parse_bench_result(json.loads(path.read_text()), int(row["n"]), output_len)
+            row = {**row, "window_rps": res.window_rps}
+        out.append(dict(row))
+    return out
 
 
 def vllm_bench_client(

@@ -212,13 +212,17 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
 
 
 def judge(out: Path, tolerance: float) -> int:
-    """Judge the runs of an earlier ``out/fidelity.csv`` again with this criterion; rewrite ``fidelity.json``
-    (its settings, server and provenance kept, the summary replaced)."""
+    """Judge the runs of an earlier ``out/fidelity.csv`` again with this criterion (``vllm bench serve``'s
+    missing windows filled from its result JSONs); rewrite both files (``fidelity.json``'s settings, server
+    and provenance kept, the summary replaced)."""
     csv_path, json_path = out / "fidelity.csv", out / "fidelity.json"
     if not csv_path.exists() or not json_path.exists():
         raise SystemExit(f"--judge: {csv_path} and {json_path} must both exist (written by a measuring run)")
     doc = json.loads(json_path.read_text())
     rows = fidelity.read_rows(csv_path)
+    output_len = doc.get("settings", {}).get("output_len")
+    if output_len is not None:  # vllm bench serve's windows from the JSONs its runs left
+        rows = fidelity.fill_bench_windows(rows, out / "vllm-bench", output_len)
     summary = fidelity.summarize(rows, reference=doc["reference"], tolerance=tolerance)
     fidelity.write_outputs(out, rows, {**doc, **summary})
     print_summary(summary)

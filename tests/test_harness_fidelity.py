@@ -250,6 +250,17 @@ def test_parse_bench_result_window_on_the_projects_definition() -> None:
     assert fidelity.RunResult("minimal", 1, 1, 0.5, 2.0, 2.0, 1).window_rps == 2.0  # the same for the others
 
 
+def test_parse_bench_result_latencies_from_ttfts_and_itls() -> None:
+    """vLLM 0.26.0 saves no ``latencies``: a request ends at its first token plus its inter-chunk times."""
+    obj = {"completed": 2, "duration": 3.0, "request_throughput": 2 / 3, "output_throughput": 10.0,
+           "output_lens": [16, 16], "start_times": [10.0, 10.5], "ttfts": [0.5, 0.2],
+           "itls": [[0.5, 0.5], [1.0, 0.3]]}  # fmt: skip
+    assert fidelity.request_latencies(obj) == pytest.approx([1.5, 1.5])
+    assert fidelity.parse_bench_result(obj, 2, 16).window_rps == pytest.approx(2 / 2.0)  # 10.0 to 12.0
+    assert fidelity.request_latencies({**obj, "latencies": [1.0, 1.0]}) == [1.0, 1.0]  # saved ones win
+    assert fidelity.request_latencies({**obj, "itls": [[0.5]]}) is None  # lists that do not pair up
+
+
 @requires_engine
 @pytest.mark.slow
 def test_vllm_bench_client_against_the_stand_in(server: Callable[..., RecordingStandIn], tmp_path: Path) -> None:
@@ -391,3 +402,20 @@ def test_judge_reads_the_csv_back_and_keeps_the_run_description(tmp_path: Path, 
     assert "95% CI [" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="must both exist"):
         harness_fidelity.main(["--out", str(tmp_path / "none"), "--judge"])
+
+
+def test_judge_fills_vllm_bench_windows_from_its_result_files(tmp_path: Path) -> None:
+    rows = [{**_row(8, i, c, v), "window_rps": v if c == "slmserve" else None}
+            for i in (0, 1) for c, v in (("slmserve", 2.0), ("vllm-bench", 1.0))]  # fmt: skip
+    doc = {**fidelity.summarize(rows, reference="vllm-bench"), "settings": {"output_len": 16}}
+    fidelity.write_outputs(tmp_path, rows, doc)
+    obj = {"completed": 2, "duration": 2.0, "request_throughput": 1.0, "output_throughput": 16.0,
+           "output_lens": [16, 16], "start_times": [0.0, 0.0], "ttfts": [0.5, 0.5], "itls": [[0.5], [0.5]]}  # fmt: skip
+    (tmp_path / "vllm-bench").mkdir()
+    for repeat in (0, 1):  # each run ends 1 s after the first send: 2 requests / 1 s
+        fidelity.bench_result_path(tmp_path / "vllm-bench", 8, repeat).write_text(json.dumps(obj))
+    assert harness_fidelity.main(["--out", str(tmp_path), "--judge"]) == 0
+    bench = [r for r in fidelity.read_rows(tmp_path / "fidelity.csv") if r["client"] == "vllm-bench"]
+    assert [r["window_rps"] for r in bench] == [2.0, 2.0]
+    batch = json.loads((tmp_path / "fidelity.json").read_text())["batches"][0]
+    assert batch["ratio"] == pytest.approx(1.0)  # judged on the window now that the reference has it
