@@ -56,13 +56,12 @@ def parse_plan(text: str) -> tuple[int, int]:
 
 
 def advisor_plan(csv: Path, model: str, max_replicas: int) -> tuple[int, int]:
-    """The batching advisor's plan for ``model`` from its table (``advisor.csv``): ``min(replicas_fit,
-    max_replicas)`` replicas (at least 1) of its ``chosen_batch`` each."""
-    rows = pl.read_csv(csv).filter(pl.col("model") == model)
-    if rows.is_empty() or rows["chosen_batch"][0] is None:
-        raise SystemExit(f"{csv}: the advisor chose no batch for {model}; run the advisor on its sweep first")
-    fit = rows["replicas_fit"][0] or 1
-    return max(1, min(int(fit), max_replicas)), int(rows["chosen_batch"][0])
+    """The batching advisor's plan for ``model`` from its table (``advisor.csv``), as the workflow's rule
+    ``replication_plan`` takes it (:func:`slmserve.replication.advisor_plan`): (replicas, batch)."""
+    plan = replication.advisor_plan(pl.read_csv(csv), model, max_replicas, str(csv))
+    if plan.replicas is None or plan.batch is None:
+        raise SystemExit(f"{csv}: {plan.why}; run the advisor on its sweep first")
+    return plan.replicas, plan.batch
 
 
 def plan_name(path: Path) -> str:

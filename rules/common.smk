@@ -48,8 +48,14 @@ def experiment_runs(experiment):
         return points(model=OUTLEN["model"])
     if experiment == "replication":
         rep = EXP["replication"]
-        return [L.path("replication", model=m, n=n) for m in rep["models"] for n in rep["replicas"]]
+        return [L.path("replication", model=m, n=n) for m in rep["models"] for n in rep["replicas"]] + plan_files()
     raise ValueError(f"unknown experiment {experiment!r}")
+
+
+def plan_files():
+    """The batching advisor's plan of each replication model, once per variant (plain, mps)."""
+    rep = EXP["replication"]
+    return [L.path("plan", model=m, variant=v) for m in rep["models"] for v in rep["advisor_plan"]["variants"]]
 
 
 def measured(files):
@@ -87,10 +93,11 @@ def capacity_files(budget):
     return [L.capacity(m, budget) for m in EXP["table1"]["models"]]
 
 
-def advisor_probes(budget):
-    """The KV-cache probes of the sweep's models that Table 1 probes anyway (the advisor's memory figures;
-    a model without one gets the analytic figures only): the advisor plans no GPU job of its own."""
-    return [L.capacity(m, budget) for m in SWEEP["models"] if m in EXP["table1"]["models"]]
+def advisor_probes(budget, models=None):
+    """The KV-cache probes of the sweep's models (or of ``models``) that Table 1 probes anyway (the advisor's
+    memory figures; a model without one gets the analytic figures only): the advisor plans no GPU job of its own."""
+    return [L.capacity(m, budget) for m in (SWEEP["models"] if models is None else models)
+            if m in EXP["table1"]["models"]]
 
 
 def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=True):

@@ -89,3 +89,29 @@ rule replication:
         "../envs/engine.yaml"
     script:
         "../workflow/scripts/run_replication.py"
+
+
+rule replication_plan:
+    # Beyond the paper: the batching advisor's plan (its replicas x its chosen batch, memory split evenly),
+    # plain or under MPS, beside Figures 5-7's equal split; the advisor runs on the model's one-GPU sweep.
+    input:
+        prompts=ancient(lambda w: prompts_unless_done([L.path("plan", **w)])),
+        capacity=ancient(L.capacity(budget="whole")),
+        sweep=ancient(lambda w: run_files(w.model, 1, SWEEP["batch_sizes"])),
+        budget=ancient(lambda w: advisor_probes(BUDGET, [w.model]) if BUDGET else []),
+    output:
+        requests=L.path("plan"),
+        telemetry=L.path("plan_telemetry"),
+    params:
+        job=lambda w: job_params(w.model, batch_control=None),
+        prompts=PROMPTS,
+        models=config["models"],
+        advisor=EXP["advisor"],
+    resources:
+        gpu=1,
+    log:
+        f"{LOGS}/replication/{{model}}_advisor-{{variant}}.log",
+    conda:
+        "../envs/engine.yaml"
+    script:
+        "../workflow/scripts/run_replication.py"

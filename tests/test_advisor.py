@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 import yaml
 
-from slmserve import advisor, capacity
+from slmserve import advisor, capacity, replication
 from slmserve.advisor import Settings
 from tests.conftest import ROOT
 
@@ -210,3 +210,18 @@ def test_quick_results(quick: tuple, tmp_path: Path) -> None:
     assert "OPT-1.3B: batch 256 at 56.4 [55.8, 57.1] req/s" in caption
     spec = chart.to_dict()
     assert len(spec["hconcat"]) == 2 and spec["title"].startswith("Batching advisor")
+
+
+def test_one_models_row_from_its_own_sweep_is_its_row_of_the_table(quick: tuple) -> None:
+    """The advisor's plan job (rule replication_plan) advises one model from its one-GPU sweep's result files:
+    the same row as advisor.csv holds for it, and the plan it gives (slmserve.replication.advisor_plan)."""
+    summary, configs, whole, budget, models = quick
+    table = advisor.advise(summary, configs, whole, budget, Settings(), models)
+    for model in models:
+        runs = sorted((QUICK / "runs" / model).glob("tp1-*/bs*.requests.parquet"))
+        mine = advisor.advise_model(model, runs, MODELS, [QUICK / f"capacity/{model}-whole.json"],
+                                    [QUICK / f"capacity/{model}-36gb.json"], Settings())  # fmt: skip
+        assert advisor.to_csv(mine) == advisor.to_csv(table.filter(pl.col("model") == model)), model
+    plans = {m: replication.advisor_plan(table, m, 4) for m in models}
+    assert plans == {"opt125m": replication.AdvisorPlan(4, 256), "opt1.3b": replication.AdvisorPlan(1, 256),
+                     "opt2.7b": replication.AdvisorPlan(1, 256)}  # fmt: skip

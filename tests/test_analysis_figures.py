@@ -121,7 +121,9 @@ def test_planned_rows_read_their_keys_from_the_result_paths() -> None:
     assert (point["model"], point["output_len"], point["arrival_rate"]) == ("opt6.7b", 32, 10.0)
     assert point["batch_size"] is None and "replicas" not in point
     rep = analysis.planned_row("results/replication/opt2.7b_r3.parquet")
-    assert (rep["model"], rep["replicas"]) == ("opt2.7b", 3)
+    assert (rep["model"], rep["replicas"], rep["plan"]) == ("opt2.7b", 3, "equal")
+    plan = analysis.planned_row("results/replication/opt2.7b_advisor-mps.parquet")
+    assert (plan["model"], plan["replicas"], plan["plan"], plan["mps"]) == ("opt2.7b", None, "advisor", True)
     with pytest.raises(ValueError, match="not a result path"):
         analysis.planned_row("results/summary/sweep.parquet")
 

@@ -129,11 +129,12 @@ def test_dry_run_paper_dag(resources: list[str], tmp_path: Path) -> None:
     assert counts["sweep"] == 18
     assert counts["kv_probe"] == 10  # Table 1: 5 models x (36 GB, whole GPU)
     assert counts["replication"] == 9  # 3 models x 1-3 replicas
+    assert counts["replication_plan"] == 6  # 3 models x the advisor's plan, plain and under MPS
     assert counts["output_lengths"] == 1  # OPT-6.7B: 4 output lengths x 3 rates on one server
     assert counts["summarize"] == 4 and counts["table1"] == 1 and counts["advisor"] == 1 and counts["all"] == 1
     assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 12
     assert counts["calibration"] == 2 and counts["calibration_table"] == 1  # OPT-125M, 1.3B on this machine
-    assert counts["total"] == 61
+    assert counts["total"] == 67
 
 
 def test_each_machine_plans_its_own_calibration_first(tmp_path: Path) -> None:
@@ -167,7 +168,8 @@ def test_dry_run_smoke_dag(tmp_path: Path) -> None:
     assert counts["summarize"] == len(EXPERIMENTS)  # one summary per experiment of the registry
     rest = {k: v for k, v in counts.items() if not k.startswith("figure_")}
     assert rest == {"prepare_dataset": 1, "kv_probe": 1, "sweep": 1, "output_lengths": 1, "replication": 2,
-                    "summarize": 4, "table1": 1, "advisor": 1, "all": 1, "total": 25}  # fmt: skip
+                    "replication_plan": 2, "summarize": 4, "table1": 1, "advisor": 1, "all": 1,
+                    "total": 27}  # fmt: skip
 
 
 def test_paper_dag_plans_only_the_table1_probes_missing_from_results(tmp_path: Path) -> None:
@@ -195,8 +197,10 @@ def test_dry_run_named_targets(resources: list[str], tmp_path: Path) -> None:
                                                  "figure_throughput_latency": 1},
         "paper_figures/output_lengths.png": {"prepare_dataset": 1, "kv_probe": 1, "output_lengths": 1,
                                              "summarize": 1, "figure_output_lengths": 1},
-        "paper_figures/replication_power.png": {"prepare_dataset": 1, "kv_probe": 3, "replication": 9,
-                                                "summarize": 1, "figure_replication_power": 1},
+        # the advisor's plans need their models' one-GPU sweeps and the probes (whole GPU and 36 GB)
+        "paper_figures/replication_power.png": {"prepare_dataset": 1, "kv_probe": 6, "replication": 9,
+                                                "sweep": 3, "replication_plan": 6, "summarize": 1,
+                                                "figure_replication_power": 1},
         "demo": {"prepare_dataset": 1, "sweep": 15, "summarize": 1, "figure_throughput_latency": 1, "demo": 1},
     }  # fmt: skip
     for target, expected in cases.items():
@@ -234,16 +238,18 @@ def test_dry_run_quick_profile(tmp_path: Path) -> None:
     counts = _job_counts(out.stdout)
     # one server per model for the sweep (client batch control), Table 1 probes, 3 models x 1-3 replicas
     assert counts["sweep"] == 3 and counts["kv_probe"] == 6 and counts["replication"] == 9
+    assert counts["replication_plan"] == 6  # the advisor's plan of each model, plain and under MPS
     assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 10
     assert "figure_families" not in counts and "figure_output_lengths" not in counts
     assert counts["advisor"] == 1  # the batching advisor of the sweep, from the Table 1 probes
-    assert counts["total"] == 34
+    assert counts["total"] == 40
 
 
 def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -> None:
-    """results/quick holds the quick profile measured on an H100 (all 18 GPU jobs): whatever the checkout's
-    file times, `all` re-runs no measurement (the prompts are rebuilt, not the runs); with a sweep point and a
-    replication run taken away, exactly those two jobs are planned."""
+    """results/quick holds the quick profile measured on an H100 (all 18 GPU jobs of the paper's part):
+    whatever the checkout's file times, `all` re-runs no measurement (the prompts are rebuilt, not the runs)
+    and plans only the advisor's plans, not measured yet; with a sweep point and a replication run taken away,
+    exactly those two jobs are planned."""
     committed = ROOT / "results/quick"
     if not (committed / "capacity").exists():
         pytest.skip("results/quick not in this checkout")
@@ -252,18 +258,24 @@ def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -
     for path in out.rglob("*"):  # older than every script and config, as a checkout may leave them
         os.utime(path, (1e9, 1e9))
 
-    def planned() -> tuple[dict[str, int], str]:
+    no_plans = tmp_path / "no-plans.yaml"
+    no_plans.write_text("experiments:\n  replication:\n    advisor_plan:\n      variants: []\n")
+
+    def planned(*configs: Path) -> tuple[dict[str, int], str]:
         proc = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", "config/quick.yaml",
-                         "--config", f"outdir={out}", f"figdir={tmp_path}/figs")  # fmt: skip
+                         *map(str, configs), "--config", f"outdir={out}", f"figdir={tmp_path}/figs")  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-2000:]
         return _job_counts(proc.stdout), proc.stdout
 
     counts, _ = planned()
     assert not {"kv_probe", "sweep", "replication"} & set(counts), counts
+    assert counts["replication_plan"] == 6  # 3 models x plain, MPS: the profile's only missing measurements
+    counts, _ = planned(no_plans)
+    assert not {"kv_probe", "sweep", "replication", "replication_plan"} & set(counts), counts
     assert "prepare_dataset" not in counts  # finished jobs do not even list the prompts
     (out / "runs/opt1.3b/tp1-out256-rateinf/bs64.requests.parquet").unlink()
     (out / "replication/opt2.7b_r2.parquet").unlink()
-    counts, stdout = planned()
+    counts, stdout = planned(no_plans)
     assert counts.get("kv_probe", 0) == 0 and counts["sweep"] == 1 and counts["replication"] == 1
     assert "wildcards: model=opt1.3b, tp=1, out=256, rate=inf" in stdout
     assert "wildcards: model=opt2.7b, n=2" in stdout

@@ -132,9 +132,26 @@ def test_smoke_dag_end_to_end(tmp_path: Path) -> None:
     assert (rmeta["run"]["start"], rmeta["run"]["mps"]) == ("together", False)
     assert servers[1]["launched_at"] < servers[0]["launched_at"] + servers[0]["startup_s"]
     assert abs(servers[0]["kv_cache_tokens"] - cap["kv_cache_tokens"] / 2) < 0.05 * cap["kv_cache_tokens"]
-    rsum = pl.read_parquet(out / "summary/replication.parquet").sort("replicas")
-    assert rsum["replicas"].to_list() == [1, 2] and (rsum["n_ok"] == 16).all()
-    assert (rsum["throughput_rps"] <= rsum["throughput_sum_rps"] * (1 + 1e-9)).all()  # wall clock vs sum
+    rsum = pl.read_parquet(out / "summary/replication.parquet")
+    equal = rsum.filter(pl.col("plan") == "equal").sort("replicas")
+    assert equal["replicas"].to_list() == [1, 2] and (equal["n_ok"] == 16).all()
+    ok = rsum.filter(pl.col("status") == "ok")
+    assert (ok["throughput_rps"] <= ok["throughput_sum_rps"] * (1 + 1e-9)).all()  # wall clock vs sum
+
+    # the batching advisor's plan from the smoke sweep (at most 2 replicas of its chosen batch); under MPS it
+    # is recorded as unsupported on the CPU
+    advice = pl.read_csv(fig / "advisor.csv").row(0, named=True)
+    plain = io.read_meta(out / "replication/opt125m_advisor-plain.parquet")
+    assert (plain["status"], plain["run"]["plan"], plain["run"]["mps"]) == ("ok", "advisor", False)
+    assert plain["run"]["batch_per_replica"] == advice["chosen_batch"]
+    assert plain["run"]["replicas"] == max(1, min(advice["replicas_fit"], 2))
+    assert plain["run"]["advisor"]["chosen_batch"] == advice["chosen_batch"]  # the advice it ran, recorded
+    assert len(plain["repeats"]) == 2 and len(plain["repeats"][0]["servers"]) == plain["run"]["replicas"]
+    mps = io.read_meta(out / "replication/opt125m_advisor-mps.parquet")
+    assert mps["status"] == "unsupported" and "MPS needs a GPU" in mps["reason"]
+    caption = (fig / "replication_tradeoff.caption.md").read_text()
+    assert f"advisor {plain['run']['replicas']}×{advice['chosen_batch']}" in caption
+    assert "Gain over one instance" in caption and "advisor plan MPS: unsupported" in caption
 
     # output lengths x arrival rates on one server
     points = pl.read_parquet(out / "summary/output_lengths.parquet")

@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from slmserve import figures
+from slmserve import figures, stats
 from slmserve.layout import FIGURES
 
 GPU = "NVIDIA H100 80GB HBM3"
@@ -287,13 +287,51 @@ def test_replication_bars(replication: pl.DataFrame, name: str, field: str) -> N
     chart, cap = FIGURES[name].draw(replication)
     enc = chart.to_dict()["layer"][0]["encoding"]
     assert enc["x"]["field"] == "model" and enc["y"]["field"] == field
-    assert enc["xOffset"]["field"] == "replicas" and enc["color"]["field"] == "replicas"
+    assert enc["xOffset"]["field"] == "setup" and enc["color"]["field"] == "setup"
+    assert enc["color"]["sort"] == ["×1", "×2", "×3"] and enc["color"]["title"] == "Replicas"
     data = dataset(chart)
     ci = [f"{field}_ci_lo", f"{field}_ci_hi"]  # every bar metric has a CI (analysis.CI_METRICS)
-    assert data.columns == ["model", "replicas", field, *ci, *(["energy_window_ok"] if "energy" in field else [])]
+    assert data.columns == ["model", "replicas", "setup", field, *ci,
+                            *(["energy_window_ok"] if "energy" in field else [])]  # fmt: skip
     expected = replication.filter(pl.col("model") == "opt125m").sort("replicas")[field].to_list()
     assert data.filter(pl.col("model") == "OPT-125M").sort("replicas")[field].to_list() == pytest.approx(expected)
     assert "NVIDIA H100" in cap and "no GPU telemetry" not in cap
+
+
+@pytest.fixture
+def plans(replication: pl.DataFrame) -> pl.DataFrame:
+    """The replication summary with 3 repeats per run and the batching advisor's plan for OPT-125M, plain and
+    under MPS, and for OPT-1.3B under MPS not measured yet."""
+    rows = replication.with_columns(plan=pl.lit("equal"), mps=pl.lit(False), n_repeats=pl.lit(3),
+                                    throughput_rps_sd=pl.col("throughput_rps") * 0.01).to_dicts()  # fmt: skip
+    one = next(r for r in rows if r["model"] == "opt125m" and r["replicas"] == 1)
+    for mps, rps in ((False, 18.0), (True, 20.0)):
+        rows.append({**one, "replicas": 4, "batch_per_replica": 256, "plan": "advisor", "mps": mps,
+                     "throughput_rps": rps, "throughput_rps_sd": rps * 0.01, "latency_mean_s": 20.0})  # fmt: skip
+    rows.append({**{k: None for k in one}, "model": "opt1.3b", "family": "OPT", "params": "1.3B", "plan": "advisor",
+                 "mps": True, "status": "not_measured", "reason": "not measured yet: no result file"})  # fmt: skip
+    return frame(rows)
+
+
+def test_replication_figures_show_the_advisors_plan_beside_the_equal_split(plans: pl.DataFrame) -> None:
+    """Figures 5-7 gain the advisor's plan as series of their own; Figure 5's caption gives each plan's gain
+    over one instance with its 95% CI and the best plan per model."""
+    chart, cap = figures.replication_tradeoff(plans)
+    spec, data = chart.to_dict(), dataset(chart)
+    assert spec["layer"][1]["encoding"]["shape"]["field"] == "how"
+    mine = data.filter(pl.col("model") == "OPT-125M").sort("throughput_rps")
+    assert mine["how"].to_list() == ["equal split"] * 3 + ["advisor plan", "advisor plan, MPS"]
+    assert mine["setup"].to_list()[-2:] == ["advisor 4×256", "advisor 4×256 MPS"]
+    gains = next(line for line in cap.splitlines() if "Gain over one instance" in line)
+    ratio = stats.ratio_ci_of({"n": 3, "mean": 20.0, "sd": 0.2}, {"n": 3, "mean": 10.0, "sd": 0.1})
+    assert f"advisor 4×256 MPS {ratio['ratio']:.3f} [{ratio['ci_lo']:.3f}, {ratio['ci_hi']:.3f}]" in gains
+    assert "OPT-125M: ×2 1.414 [" in gains and "best advisor 4×256 MPS (a gain: its CI excludes 1)" in gains
+    assert "OPT-1.3B advisor plan MPS: not measured yet" in cap
+    assert "the batching advisor's plan" in cap and "OPT-125M: 4×256, OPT-125M: 4×256 MPS" in cap
+    bars, _ = figures.replication_gpu_util(plans)
+    enc = bars.to_dict()["layer"][0]["encoding"]
+    assert enc["color"]["sort"] == ["×1", "×2", "×3", "advisor 4×256", "advisor 4×256 MPS"]
+    assert enc["color"]["title"] == "Replicas (plan)"
 
 
 def test_cpu_runs_have_no_telemetry_and_still_render(cpu_sweep: pl.DataFrame, tmp_path: Path) -> None:

@@ -20,6 +20,8 @@ KEYS = {
     "point_telemetry": {"model": "opt6.7b", "tp": "1", "out": "128", "rate": "100"},
     "replication": {"model": "opt2.7b", "n": "3"},
     "replication_telemetry": {"model": "opt2.7b", "n": "1"},
+    "plan": {"model": "opt1.3b", "variant": "mps"},
+    "plan_telemetry": {"model": "opt125m", "variant": "plain"},
     "calibration": {"machine": "h100-80gb-hbm3-1a2b3c4d", "model": "opt125m"},
     "calibration_telemetry": {"machine": "cpu-00ff00ff", "model": "opt1.3b"},
     "calibration_table": {"ext": "md"},
@@ -54,6 +56,7 @@ def test_the_paths_of_the_committed_results() -> None:
     )
     rep = paths.path("replication_telemetry", model="opt125m", n=2)
     assert rep == "results/replication/opt125m_r2.telemetry.parquet"
+    assert paths.path("plan", model="opt125m", variant="mps") == "results/replication/opt125m_advisor-mps.parquet"
     assert paths.capacity("opt13b", 36) == "results/capacity/opt13b-36gb.json"
     assert paths.capacity("opt13b", "whole") == "results/capacity/opt13b-whole.json"
     assert paths.path("prompts", input_len=512, num_requests=500) == "results/data/prompts-in512-n500.parquet"

@@ -88,20 +88,13 @@ def test_where_mps_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_mps_without_a_gpu_is_recorded_as_unsupported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
-    prompts = tmp_path / "prompts.parquet"
-    rows = {"request_id": [0, 1], "source_id": ["a", "b"], "source_index": [0, 1], "original_len": [9, 9],
-            "prompt_len": [4, 4], "token_ids": [[1, 2, 3, 4]] * 2, "tokenizer": ["t"] * 2}  # fmt: skip
-    io.write_parquet(pl.DataFrame(rows, schema=dataset.SCHEMA), prompts, {})
-    job = SweepJob(model="opt125m", model_path="config/models/opt-125m", load_format="dummy", tensor_parallel=1,
-                   batch_sizes=[], prompts_path=prompts, outputs={}, log_dir=tmp_path, input_len=4, output_len=4,
-                   num_requests=2, telemetry_enabled=False)  # fmt: skip
+    job = _cpu_job(tmp_path, monkeypatch)
     out = tmp_path / "opt125m_r2.parquet"
     meta = replication.run_replication(job, 2, 8, out, use_mps=True)
     assert meta["status"] == "unsupported" and "MPS needs a GPU" in meta["reason"]
     (row,) = replication.summarize_repeats(out)
     assert (row["status"], row["mps"], row["start"], row["replicas"]) == ("unsupported", True, "sequential", 2)
+    assert row["plan"] == "equal"
     with pytest.raises(ValueError, match="replication start 'parallel': allowed values are sequential, together"):
         replication.run_replication(job, 2, 8, out, start="parallel")
     assert io.read_meta(out)["run"]["batch_per_replica"] == 4  # the one-GPU maximum 8 split evenly
@@ -110,6 +103,52 @@ def test_mps_without_a_gpu_is_recorded_as_unsupported(tmp_path: Path, monkeypatc
     assert (io.read_meta(out)["run"]["batch_per_replica"], io.read_meta(out)["run"]["batch_rule"]) == (3, "given")
     with pytest.raises(ValueError, match="replication batch 0: a replica's batch must be at least 1"):
         replication.run_replication(job, 2, 8, out, batch=0)
+
+
+def test_the_advisors_plan_from_its_table() -> None:
+    table = pl.DataFrame({"model": ["opt125m", "opt1.3b", "opt2.7b", "opt6.7b"],
+                          "chosen_batch": [256, 256, 128, None], "replicas_fit": [10, 1, 0, None],
+                          "note": [None, None, None, "no batch reaches 95%"]})  # fmt: skip
+    assert replication.advisor_plan(table, "opt125m", 4) == replication.AdvisorPlan(4, 256)  # capped
+    assert replication.advisor_plan(table, "opt125m", 12) == replication.AdvisorPlan(10, 256)
+    assert replication.advisor_plan(table, "opt1.3b", 4) == replication.AdvisorPlan(1, 256)
+    assert replication.advisor_plan(table, "opt2.7b", 4) == replication.AdvisorPlan(1, 128)  # none fits: one
+    none = replication.advisor_plan(table, "opt6.7b", 4)
+    assert none.replicas is None and "chose no batch for opt6.7b (no batch reaches 95%)" in (none.why or "")
+    assert "advisor.csv has no row for opt13b" in (replication.advisor_plan(table, "opt13b", 4).why or "")
+    with pytest.raises(ValueError, match=r"x\.csv: no column replicas_fit; rebuild it with the advisor rule"):
+        replication.advisor_plan(table.drop("replicas_fit"), "opt125m", 4, "x.csv")
+
+
+def test_an_advisor_plan_is_run_or_recorded_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No plan: the result says why (infeasible, no server); a plan under MPS without a GPU: unsupported, with
+    the plan's replicas and batch recorded; both summarized as the advisor's plan."""
+    job = _cpu_job(tmp_path, monkeypatch)
+    none, out = tmp_path / "opt125m_advisor-plain.parquet", tmp_path / "opt125m_advisor-mps.parquet"
+    why = "the advisor chose no batch"
+    meta = replication.run_advisor_plan(job, replication.AdvisorPlan(None, None, why), 8, none)
+    assert (meta["status"], meta["reason"], meta["run"]["plan"]) == ("infeasible", why, "advisor")
+    meta = replication.run_advisor_plan(job, replication.AdvisorPlan(4, 3), 8, out, use_mps=True)
+    assert meta["status"] == "unsupported" and "MPS needs a GPU" in meta["reason"]
+    assert (meta["run"]["replicas"], meta["run"]["batch_per_replica"], meta["run"]["batch_rule"]) == (4, 3, "advisor")
+    rows = replication.summarize_runs([none, out])
+    assert rows.select("plan", "mps", "replicas", "status").rows() == [
+        ("advisor", True, 4, "unsupported"), ("advisor", False, None, "infeasible")]  # fmt: skip
+    with pytest.raises(ValueError, match="replication plan 'equal' with batch 3: allowed plans are"):
+        replication.run_replication(job, 2, 8, out, batch=3, plan="equal")
+
+
+def _cpu_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SweepJob:
+    """A replication job on this machine (no GPU), with two prompts."""
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    prompts = tmp_path / "prompts.parquet"
+    rows = {"request_id": [0, 1], "source_id": ["a", "b"], "source_index": [0, 1], "original_len": [9, 9],
+            "prompt_len": [4, 4], "token_ids": [[1, 2, 3, 4]] * 2, "tokenizer": ["t"] * 2}  # fmt: skip
+    io.write_parquet(pl.DataFrame(rows, schema=dataset.SCHEMA), prompts, {})
+    return SweepJob(model="opt125m", model_path="config/models/opt-125m", load_format="dummy", tensor_parallel=1,
+                    batch_sizes=[], prompts_path=prompts, outputs={}, log_dir=tmp_path, input_len=4, output_len=4,
+                    num_requests=2, telemetry_enabled=False)  # fmt: skip
 
 
 def test_replica_kv_bytes_leave_out_what_one_server_holds_besides_its_cache() -> None:

@@ -75,3 +75,11 @@ def test_counters_of_a_run_need_both_reads() -> None:
     samples = [(0.5, 4.0, 0.0), (1.5, 8.0, 0.0), (2.5, 6.0, 0.0), (9.0, 1.0, 0.0)]
     eb = enginemetrics.effective_batch(samples, 1.0, 3.0)
     assert eb == {"effective_batch": 7.0, "running_max": 8.0, "gauge_samples": 2}
+
+
+def test_ratio_ci_from_a_summarys_n_mean_and_sd_is_that_of_the_samples() -> None:
+    a, b = [10.0, 11.0, 12.5], [8.0, 8.5, 9.0, 8.2]
+    from_samples = stats.ratio_ci(a, b)
+    assert stats.ratio_ci_of(stats.describe(a), stats.describe(b)) == pytest.approx(from_samples)
+    assert stats.ratio_ci_of({"n": 1, "mean": 2.0, "sd": None}, stats.describe(b))["ci_lo"] is None  # one repeat
+    assert stats.ratio_ci_of({"n": 3, "mean": None, "sd": None}, stats.describe(b))["ratio"] is None

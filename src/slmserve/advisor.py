@@ -60,7 +60,7 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from slmserve import capacity
+from slmserve import analysis, capacity
 from slmserve.figures import caption, color_scale, display_name, main_workload, model_names, named, no_data
 
 GB = 1e9
@@ -255,6 +255,17 @@ def advise(
     settings_cols = {"fraction": settings.fraction, "latency_column": settings.latency_column,
                      "latency_bound_s": settings.latency_bound_s}  # fmt: skip
     return pl.DataFrame([{**r, **settings_cols} for r in rows], schema=SCHEMA)
+
+
+def advise_model(model: str, runs: Sequence[str | Path], models: Mapping[str, Mapping[str, Any]],
+                 whole: Sequence[str | Path], budget: Sequence[str | Path] = (),
+                 settings: Settings | None = None) -> pl.DataFrame:  # fmt: skip
+    """The advisor's row for ``model`` from its own one-GPU sweep (``runs``: its result files) and probes
+    (``whole``, ``budget``: probe JSONs), as :func:`advise` computes it in ``advisor.csv``: one model's row
+    depends on that model's points and probes alone."""
+    summary = analysis.summarize_runs(list(runs), dict(models))
+    probes = load_probes(whole), load_probes(budget)
+    return advise(summary, model_configs(models, [model]), *probes, settings, [model]).filter(pl.col("model") == model)
 
 
 def model_configs(models: Mapping[str, Mapping[str, Any]], keys: Sequence[str]) -> dict[str, dict[str, Any]]:

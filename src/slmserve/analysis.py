@@ -288,7 +288,9 @@ def planned_row(path: str | os.PathLike[str], models: Mapping[str, Any] | None =
     row: dict[str, Any] = {"model": key["model"], "family": entry.get("family"), "params": entry.get("params")}
     # a replica's and a point's batch come from a capacity probe, not from the path: null
     if kind == "replication":
-        row.update(replicas=int(key["n"]), batch_per_replica=None)
+        row.update(replicas=int(key["n"]), batch_per_replica=None, plan="equal")
+    elif kind == "plan":  # the advisor's replicas and batch come from its table, not from the path
+        row.update(replicas=None, batch_per_replica=None, plan="advisor", mps=key["variant"] == "mps")
     else:
         bs = key.get("bs")
         row.update(tp=int(key["tp"]), output_len=int(key["out"]), batch_size=int(bs) if bs is not None else None)

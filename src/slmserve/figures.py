@@ -23,7 +23,7 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from slmserve import io
+from slmserve import io, stats
 from slmserve.analysis import CI_METRICS, ENERGY_MIN_WINDOW_S, NOT_MEASURED, complete
 from slmserve.config import rate_label
 
@@ -353,8 +353,10 @@ def point_name(row: Mapping[str, Any]) -> str:
     parts = [str(row.get("model"))]
     if row.get("tp") not in (None, 1):
         parts.append(f"{row['tp']} GPUs")
-    if row.get("replicas") is not None:
-        parts.append(f"×{row['replicas']}")
+    if row.get("plan") == "advisor":
+        parts.append(f"advisor plan {plan_size(row)}" + (" MPS" if row.get("mps") else ""))
+    elif row.get("replicas") is not None:
+        parts.append(f"×{row['replicas']}" + (" MPS" if row.get("mps") else ""))
     elif row.get("point") is not None:
         parts.append(str(row["point"]))
     elif row.get("batch_size") is not None:
@@ -605,6 +607,7 @@ def _bars(
     order: Sequence[str],
     group: str | None = None,
     group_title: str | None = None,
+    group_order: Sequence[str] = (),
     text: str | None = None,
     text_format: str = ".0f",
 ) -> alt.LayerChart:
@@ -616,8 +619,9 @@ def _bars(
         y=alt.Y(f"{y}:Q", title=y_title),
     )
     if group:
-        base = base.encode(xOffset=alt.XOffset(f"{group}:N"))
-        color = alt.Color(f"{group}:N", title=group_title or group)
+        sort = {"sort": list(group_order)} if group_order else {}
+        base = base.encode(xOffset=alt.XOffset(f"{group}:N", **sort))
+        color = alt.Color(f"{group}:N", title=group_title or group, **sort)
     else:
         color = color_scale(order, legend=False)
     bars = base.mark_bar().encode(color=color, tooltip=list(data.columns))
@@ -913,6 +917,69 @@ def _power_rule(candidates: pl.DataFrame, chosen: pl.DataFrame) -> list[str]:
 # --- Figures 5-7 and extra: replication ------------------------------------------------------------
 
 
+def plan_size(row: Mapping[str, Any]) -> str:
+    """``4×256``: a replication run's replicas × batch per replica (``?`` where the summary has none)."""
+    n, b = row.get("replicas"), row.get("batch_per_replica")
+    return f"{'?' if n is None else n}×{'?' if b is None else b}"
+
+
+def setup_label(row: Mapping[str, Any]) -> str:
+    """A replication run's bar and legend label: the replica count for the paper's equal split (``×2``), the
+    plan for the batching advisor's (``advisor 4×256``); `` MPS`` where the replicas ran under MPS."""
+    base = f"advisor {plan_size(row)}" if row.get("plan") == "advisor" else f"×{row.get('replicas')}"
+    return base + (" MPS" if row.get("mps") else "")
+
+
+def _with_setup(runs: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """``runs`` with ``setup`` (:func:`setup_label`) and ``how`` (equal split or advisor plan, MPS or not),
+    and the setups in legend order: the equal split by replicas, then the advisor's plans."""
+    rows = list(runs.iter_rows(named=True))
+    setups = [setup_label(r) for r in rows]
+    hows = [("advisor plan" if r.get("plan") == "advisor" else "equal split") + (", MPS" if r.get("mps") else "")
+            for r in rows]  # fmt: skip
+    keys = {s: (r.get("plan") == "advisor", r.get("mps") or False, r.get("replicas") or 0)
+            for s, r in zip(setups, rows, strict=True)}  # fmt: skip
+    order = sorted(keys, key=lambda s: keys[s])
+    return runs.with_columns(setup=pl.Series(setups, dtype=pl.String), how=pl.Series(hows, dtype=pl.String)), order
+
+
+def _plan_gains(runs: pl.DataFrame) -> list[str]:
+    """Per model, each run's system throughput over one instance's (the equal split's one replica, no MPS):
+    the ratio of means with its 95% CI (:func:`slmserve.stats.ratio_ci_of`, from the summary's n, mean and
+    sd), and the best run (older summaries without ``plan`` hold the equal split only)."""
+    runs = runs.with_columns(*([] if "mps" in runs.columns else [pl.lit(False).alias("mps")]),
+                             *([] if "plan" in runs.columns else [pl.lit("equal").alias("plan")]))  # fmt: skip
+
+    def sample(r: Mapping[str, Any]) -> dict[str, Any]:
+        return {"n": r.get("n_repeats") or 1, "mean": r["throughput_rps"], "sd": r.get("throughput_rps_sd")}
+
+    per = []
+    for (model,), rows in runs.group_by("model", maintain_order=True):
+        ones = rows.filter(pl.col("plan") == "equal", pl.col("replicas") == 1, ~pl.col("mps").fill_null(False))
+        if ones.is_empty():
+            per.append(f"{model}: no one-instance run to compare with")
+            continue
+        one, gains = ones.row(0, named=True), []
+        for r in rows.iter_rows(named=True):
+            if not (r["plan"] == "equal" and r["replicas"] == 1 and not r.get("mps")):
+                g = stats.ratio_ci_of(sample(r), sample(one))
+                if g["ratio"] is not None:
+                    gains.append((g, setup_label(r)))
+        if not gains:
+            continue
+        text = ", ".join(f"{s} {g['ratio']:.3f}" + (f" [{g['ci_lo']:.3f}, {g['ci_hi']:.3f}]" if g["ci_lo"] is not None
+                                                     else " (no CI)") for g, s in gains)  # fmt: skip
+        best, name = max(gains, key=lambda t: t[0]["ratio"])
+        lo, hi = best["ci_lo"], best["ci_hi"]
+        said = "no CI" if lo is None else "a gain: its CI excludes 1" if lo > 1 else \
+            "below one instance: its CI excludes 1" if hi < 1 else "its CI contains 1"  # fmt: skip
+        per.append(f"{model}: {text}; best {name} ({said})")
+    if not per:
+        return []
+    return ["Gain over one instance (system throughput / that of one replica at the one-GPU maximum batch, no MPS; "
+            f"ratio of means, 95% CI by the delta method): {'; '.join(per)}."]  # fmt: skip
+
+
 def _replica_setup_notes(summary: pl.DataFrame) -> list[str]:
     """How the measured replicas ran (columns ``start`` and ``mps`` of the summary, where it has them)."""
     if not {"start", "mps"} <= set(summary.columns):
@@ -940,16 +1007,27 @@ def _replication_notes(summary: pl.DataFrame) -> list[str]:
         per = ok_runs(summary).sort(
             pl.col("model").map_elements(lambda m: names[m][1], return_dtype=pl.Float64), pl.col("replicas")
         )
+        advised = per.filter(pl.col("plan") == "advisor") if "plan" in per.columns else per.head(0)
+        per = per.filter(pl.col("plan") != "advisor") if "plan" in per.columns else per
         batches = ", ".join(
             f"{names[r['model']][0]} ×{r['replicas']}: {r['batch_per_replica']}" for r in per.iter_rows(named=True)
         )
         notes.append(f"Batch per replica = the largest one-GPU batch / replicas ({batches or 'none'}).")
+        if "plan" in summary.columns and (summary["plan"] == "advisor").any():
+            plans = ", ".join(f"{names[r['model']][0]}: {plan_size(r)}" + (" MPS" if r["mps"] else "")
+                              for r in advised.iter_rows(named=True))  # fmt: skip
+            notes.append(
+                "Beyond the paper, the batching advisor's plan (slmserve.replication.advisor_plan, from advisor.csv): "
+                "min(replicas_fit, max_replicas) replicas of its chosen batch, the memory split evenly, labelled "
+                f"'advisor replicas×batch' ({plans or 'none measured'})."
+            )
     notes += _replica_setup_notes(summary)
     if "status" in summary.columns:
         bad = summary.filter(pl.col("status") != "ok").sort(["model", "replicas"])
         names = model_names(summary)
         notes += [
-            f"{names.get(r['model'], (r['model'],))[0]} × {r['replicas']} replicas: "
+            _unmeasured_name(r, names)
+            + ": "
             + (
                 NOT_MEASURED_NOTE
                 if r["status"] == NOT_MEASURED
@@ -958,6 +1036,14 @@ def _replication_notes(summary: pl.DataFrame) -> list[str]:
             for r in bad.iter_rows(named=True)
         ]
     return notes
+
+
+def _unmeasured_name(row: Mapping[str, Any], names: Mapping[str, tuple[str, float]]) -> str:
+    """``OPT-125M × 3 replicas`` or ``OPT-125M advisor plan MPS``: a replication run that was not measured."""
+    model = names.get(row["model"], (row["model"],))[0]
+    if row.get("plan") == "advisor":
+        return f"{model} advisor plan" + (" MPS" if row.get("mps") else "")
+    return f"{model} × {row['replicas']} replicas"
 
 
 def _system_vs_sum(runs: pl.DataFrame) -> list[str]:
@@ -969,7 +1055,7 @@ def _system_vs_sum(runs: pl.DataFrame) -> list[str]:
     runs = runs.sort(pl.col("model").replace_strict(size, default=math.inf, return_dtype=pl.Float64), "replicas")
     for (model,), rows in runs.group_by("model", maintain_order=True):
         pairs = ", ".join(
-            f"×{r['replicas']} {r['throughput_rps']:.1f} / {r['throughput_sum_rps']:.1f}"
+            f"{setup_label(r)} {r['throughput_rps']:.1f} / {r['throughput_sum_rps']:.1f}"
             for r in rows.iter_rows(named=True) if r["throughput_sum_rps"] is not None
         )  # fmt: skip
         per.append(f"{model}: {pairs}")
@@ -979,16 +1065,20 @@ def _system_vs_sum(runs: pl.DataFrame) -> list[str]:
 def replication_tradeoff(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     """Figure 5: system throughput against latency per model, points labelled by the number of replicas."""
     runs, order = named(ok_runs(summary))
-    runs = _finite(runs, TRADEOFF)
+    runs, _ = _with_setup(_finite(runs, TRADEOFF))
     data = runs.select(
-        "model", "replicas", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
-    )
+        "model", "replicas", "throughput_rps", "latency_mean_s", "setup", "how", *_ci_cols(runs, TRADEOFF),
+        series=pl.concat_str("model", "how", separator=" / "),
+    )  # fmt: skip
+    several = runs["how"].n_unique() > 1  # the advisor's plan or MPS beside the equal split: a shape each
     chart = _tradeoff(
         data, title="Model replication: throughput and latency (Figure 5)", label="replicas", order=order,
-        log_x=False,
+        log_x=False, shape="how" if several else None, shape_title="Plan",
     )  # fmt: skip
     what = "Figure 5: system throughput vs mean latency with 1-3 replicas per model on one GPU, labels = replicas"
-    notes = [*_replication_notes(summary), *_system_vs_sum(runs), *point_notes(runs, TRADEOFF)]
+    if several:
+        what += "; a line and marker per plan (the paper's equal split, the batching advisor's, with or without MPS)"
+    notes = [*_replication_notes(summary), *_system_vs_sum(runs), *_plan_gains(runs), *point_notes(runs, TRADEOFF)]
     return chart, caption(summary, what, notes)
 
 
@@ -1000,9 +1090,11 @@ def _replication_bars(
     energy = y == "energy_per_token_j"
     cis = _ci_cols(runs, [y]) if y in CI_METRICS else []
     window = [_window_ok(runs).alias("energy_window_ok")] if energy else []
-    data = runs.select("model", "replicas", y, *cis, *window)
+    runs, setups = _with_setup(runs)
+    data = runs.select("model", "replicas", "setup", y, *cis, *window)
     chart = _bars(
-        data, y=y, y_title=y_title, title=title, order=order, group="replicas", group_title="Replicas",
+        data, y=y, y_title=y_title, title=title, order=order, group="setup", group_order=setups,
+        group_title="Replicas" if all(s[1:].isdigit() for s in setups) else "Replicas (plan)",
         text_format=".2g" if energy else ".0f",
     )  # fmt: skip
     notes = [*_replication_notes(summary), *notes, *point_notes(runs, [y]), *(_energy_note(runs) if energy else [])]

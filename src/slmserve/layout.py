@@ -82,12 +82,14 @@ WILDCARDS: dict[str, str] = {
     "experiment": "|".join(EXPERIMENTS),
     "name": r"\w+",
     "machine": r"[a-z0-9][a-z0-9.-]*",
+    "variant": r"plain|mps",
     "ext": r"png|svg|html|caption\.md|csv|md",
 }
 
 _RUN = "runs/{model}/tp{tp}-out{out}-rate{rate}"  # one sweep job: a file per batch size
 _POINT = "points/{model}/tp{tp}-out{out}-rate{rate}"  # one (output length, rate) point
 _REPLICATION = "replication/{model}_r{n}"
+_PLAN = "replication/{model}_advisor-{variant}"  # the batching advisor's plan (slmserve.replication.advisor_plan)
 _CALIBRATION = "calibration/{machine}/{model}"  # one machine's calibration point (slmserve.calibration)
 TEMPLATES: dict[str, str] = {
     "prompts": "data/prompts-in{input_len}-n{num_requests}.parquet",
@@ -97,6 +99,8 @@ TEMPLATES: dict[str, str] = {
     "point_telemetry": f"{_POINT}.telemetry.parquet",
     "replication": f"{_REPLICATION}.parquet",
     "replication_telemetry": f"{_REPLICATION}.telemetry.parquet",
+    "plan": f"{_PLAN}.parquet",
+    "plan_telemetry": f"{_PLAN}.telemetry.parquet",
     "calibration": f"{_CALIBRATION}.requests.parquet",
     "calibration_telemetry": f"{_CALIBRATION}.telemetry.parquet",
     "capacity": "capacity/{model}-{budget}.json",
@@ -109,7 +113,7 @@ TEMPLATES: dict[str, str] = {
 # The kinds under figdir; every other kind is under outdir.
 IN_FIGDIR = ("table1", "advisor", "calibration_table", "figure")
 # The measured results whose summary row :func:`slmserve.analysis.planned_row` can write from the path alone.
-MEASURED = ("run", "point", "replication")
+MEASURED = ("run", "point", "replication", "plan")
 FIGURE_EXTS = (".png", ".svg", ".html", ".caption.md")
 TABLE1_EXTS = (".csv", ".md")  # also the calibration table's
 ADVISOR_EXTS = (".csv", ".md", *FIGURE_EXTS)  # slmserve.advisor: its table and its figure

@@ -5,6 +5,10 @@ of ``one-GPU maximum // n`` (``--max-num-seqs``) and an even part of the request
 all replicas. The servers start one after another (``sequential``: vLLM sizes its KV cache from the free
 memory), or ``together`` with explicit KV-cache bytes (:func:`replica_kv_bytes`); optionally under NVIDIA
 MPS (:mod:`slmserve.mps`). Then the replicas are loaded together, ``repeats`` times.
+
+Beyond the paper, a plan of its own: the batching advisor's (:func:`advisor_plan`, from ``advisor.csv`` of
+:mod:`slmserve.advisor`), run beside the paper's equal split (``plan`` in results and summaries: ``equal`` or
+``advisor``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from slmserve.server import InfeasibleError, ServerSpec, VllmServer
 log = logging.getLogger(__name__)
 
 START_MODES = ("sequential", "together")
+PLANS = ("equal", "advisor", "given")  # the paper's split, the batching advisor's, a batch given by hand
 
 
 def split_evenly(n: int, parts: int) -> list[range]:
@@ -89,26 +94,80 @@ def start_replicas(stack: contextlib.ExitStack, specs: list[ServerSpec], togethe
     return servers
 
 
+@dataclasses.dataclass(frozen=True)
+class AdvisorPlan:
+    """The batching advisor's plan for one model: ``replicas`` servers of batch ``batch`` each, or none
+    (``why`` says why)."""
+
+    replicas: int | None
+    batch: int | None
+    why: str | None = None
+
+
+def advisor_plan(table: pl.DataFrame, model: str, max_replicas: int, source: str = "advisor.csv") -> AdvisorPlan:
+    """The advisor's plan for ``model`` from its table (``advisor.csv``, :func:`slmserve.advisor.advise`):
+    ``replicas = max(1, min(replicas_fit, max_replicas))`` servers, each of ``chosen_batch`` and an equal share
+    of the memory (``replicas_fit`` counts the servers of that batch the share holds without preemption). No
+    plan where the advisor chose no batch (its ``note`` says why)."""
+    missing = {"model", "chosen_batch", "replicas_fit"} - set(table.columns)
+    if missing:
+        raise ValueError(f"{source}: no column {', '.join(sorted(missing))}; rebuild it with the advisor rule")
+    rows = table.filter(pl.col("model") == model)
+    if rows.is_empty():
+        return AdvisorPlan(None, None, f"{source} has no row for {model}: the advisor reads the sweep's models")
+    row = rows.row(0, named=True)
+    if row["chosen_batch"] is None:
+        return AdvisorPlan(None, None, f"the advisor chose no batch for {model} ({row.get('note') or 'no reason'})")
+    fit = int(row["replicas_fit"] or 1)
+    return AdvisorPlan(max(1, min(fit, max_replicas)), int(row["chosen_batch"]))
+
+
+def run_advisor_plan(job: SweepJob, plan: AdvisorPlan, one_gpu_max: int, out: Path, *,
+                     probe: Mapping[str, Any] | None = None, start: str = "sequential", use_mps: bool = False,
+                     advice: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """:func:`run_replication` of the advisor's ``plan`` (``advice``: the advisor's row it came from, recorded
+    with the run); a model without a plan is written as ``infeasible`` with the advisor's reason."""
+    record = {"advisor": dict(advice) if advice is not None else None}
+    if plan.replicas is None or plan.batch is None:
+        with guard([out], f"{job.model} advisor plan"):
+            run = {**job.describe(), "replicas": None, "batch_per_replica": None, "one_gpu_max_batch": one_gpu_max,
+                   "batch_rule": "advisor", "plan": "advisor", "batch_sizes": None, "start": start,
+                   "mps": use_mps, **record}  # fmt: skip
+            head = header(run, [], [])
+            return write_unmeasured((out, layout.telemetry_path(out)), head, plan.why or "no plan")
+    return run_replication(job, plan.replicas, one_gpu_max, out, probe=probe, start=start, use_mps=use_mps,
+                           batch=plan.batch, plan="advisor", record=record)  # fmt: skip
+
+
 def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *,
                     probe: Mapping[str, Any] | None = None, start: str = "sequential",
-                    use_mps: bool = False, batch: int | None = None) -> dict[str, Any]:  # fmt: skip
+                    use_mps: bool = False, batch: int | None = None, plan: str | None = None,
+                    record: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Run ``replicas`` servers of ``job.model`` on one GPU, started ``sequential`` or ``together``, under
     MPS if ``use_mps``; write ``out`` (requests of all replicas, column ``replica``) and the telemetry beside
     it (:func:`slmserve.analysis.telemetry_path`). ``probe`` is the whole-GPU KV-cache probe. Each replica
     gets an equal share of the memory and the batch ``batch``, by default the one-GPU maximum split evenly
-    (``one_gpu_max // replicas``, the paper's plan); a plan of its own (the batching advisor's) gives it."""
+    (``one_gpu_max // replicas``, the paper's plan ``equal``); a plan of its own gives it and its name (``plan``:
+    ``advisor``, or ``given`` by default), recorded with the run (and ``record``, e.g. the advisor's row)."""
     if start not in START_MODES:
         raise ValueError(f"replication start {start!r}: allowed values are {', '.join(START_MODES)}")
+    plan = plan or ("equal" if batch is None else "given")
+    if plan not in PLANS or (plan == "equal") != (batch is None):
+        raise ValueError(
+            f"replication plan {plan!r} with batch {batch}: allowed plans are {', '.join(PLANS)}; "
+            "'equal' takes no batch (the one-GPU maximum / replicas), the others one"
+        )
     if batch is not None and batch < 1:
         raise ValueError(f"replication batch {batch}: a replica's batch must be at least 1")
-    rule = "one-GPU maximum / replicas" if batch is None else "given"
+    rule = "one-GPU maximum / replicas" if batch is None else plan
     batch = one_gpu_max // replicas if batch is None else batch
     paths = (out, layout.telemetry_path(out))
     with guard([out], f"{job.model} x{replicas}"):
         prompts = load_prompts(job)
         with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
             run = {**job.describe(), "replicas": replicas, "batch_per_replica": batch, "one_gpu_max_batch": one_gpu_max,
-                   "batch_rule": rule, "batch_sizes": None, "start": start, "mps": use_mps}  # fmt: skip
+                   "batch_rule": rule, "plan": plan, "batch_sizes": None, "start": start, "mps": use_mps,
+                   **(record or {})}  # fmt: skip
             head = header(run, alloc.ids, alloc.nvml_indices)
             if batch < 1:
                 return write_unmeasured(paths, head, f"one-GPU maximum batch {one_gpu_max} < {replicas} replicas")
@@ -164,6 +223,7 @@ def _replication_row(meta: dict[str, Any], path: str, models: dict[str, Any] | N
         "model": run["model"], "family": entry.get("family"), "params": entry.get("params"),
         "replicas": run["replicas"], "batch_per_replica": run["batch_per_replica"],
         "start": run.get("start", "sequential"), "mps": bool(run.get("mps", False)),
+        "plan": run.get("plan", "equal"),
         "input_len": run["input_len"], "output_len": run["output_len"],
         "status": meta["status"], "reason": meta.get("reason"),
         "gpu_model": analysis.gpu_model(prov),
@@ -211,4 +271,5 @@ def summarize_runs(paths: list[str | Path], models: dict[str, Any] | None = None
     rows = [r for p in paths for r in summarize_repeats(p, models)]
     if not rows:
         return pl.DataFrame()
-    return analysis.complete(analysis.points(pl.DataFrame(rows, infer_schema_length=None)).sort("model", "replicas"))
+    points = analysis.points(pl.DataFrame(rows, infer_schema_length=None))
+    return analysis.complete(points.sort("model", "replicas", "plan", "mps", nulls_last=True))

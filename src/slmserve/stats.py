@@ -8,7 +8,7 @@ scipy). With one repeat there is no spread and no interval (None).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scipy import stats as _st
@@ -34,11 +34,16 @@ def ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     """The ratio of means ``mean(a) / mean(b)`` of two independent samples and its 95% CI by the delta
     method: relative standard error ``sqrt(sd_a² / (n_a mean_a²) + sd_b² / (n_b mean_b²))``, with the
     Welch-Satterthwaite degrees of freedom of those two terms; the interval is ``ratio · (1 ± t · rse)``."""
-    da, db = describe(a), describe(b)
-    if not da["n"] or not db["n"] or not db["mean"]:
+    return ratio_ci_of(describe(a), describe(b))
+
+
+def ratio_ci_of(da: Mapping[str, Any], db: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`ratio_ci` from each sample's ``n``, ``mean`` and ``sd`` (as :func:`describe` gives them, or a
+    summary's ``n_repeats``, mean and ``_sd`` columns)."""
+    if not da["n"] or not db["n"] or not db["mean"] or da["mean"] is None:
         return {"ratio": None, "ci_lo": None, "ci_hi": None}
     ratio = da["mean"] / db["mean"]
-    if da["n"] < 2 or db["n"] < 2:
+    if da["n"] < 2 or db["n"] < 2 or da["sd"] is None or db["sd"] is None:
         return {"ratio": ratio, "ci_lo": None, "ci_hi": None}
     va = da["sd"] ** 2 / (da["n"] * da["mean"] ** 2)
     vb = db["sd"] ** 2 / (db["n"] * db["mean"] ** 2)

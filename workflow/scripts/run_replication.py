@@ -1,17 +1,27 @@
-"""Snakemake entry point of rule `replication`: n replicas of one model on one GPU."""
+"""Snakemake entry point of rules `replication` (n replicas of one model on one GPU, the paper's equal split)
+and `replication_plan` (the batching advisor's plan from the model's one-GPU sweep, plain or under MPS)."""
 
 import json
 from pathlib import Path
 
 from common import log_to_file, sweep_job
 
-from slmserve.replication import run_replication
+from slmserve import advisor
+from slmserve.replication import advisor_plan, run_advisor_plan, run_replication
 from slmserve.runner import max_batch_from_probe
 
 log_to_file(snakemake)
-probe_path = snakemake.input.capacity
-probe = json.loads(Path(probe_path).read_text())
-one_gpu_max = max_batch_from_probe(probe, snakemake.params.job["fits"], probe_path)
+inp, params, wildcards = snakemake.input, snakemake.params, snakemake.wildcards
+probe = json.loads(Path(inp.capacity).read_text())
+one_gpu_max = max_batch_from_probe(probe, params.job["fits"], inp.capacity)
 settings = snakemake.config["experiments"]["replication"]
-run_replication(sweep_job(snakemake), int(snakemake.wildcards.n), one_gpu_max, Path(snakemake.output.requests),
-                probe=probe, start=settings["start"], use_mps=settings["mps"])  # fmt: skip
+out = Path(snakemake.output.requests)
+if snakemake.rule == "replication_plan":
+    table = advisor.advise_model(wildcards.model, list(inp.sweep), params.models, [inp.capacity], list(inp.budget),
+                                 advisor.Settings(**params.advisor))  # fmt: skip
+    plan = advisor_plan(table, wildcards.model, settings["advisor_plan"]["max_replicas"], "the advisor of its sweep")
+    run_advisor_plan(sweep_job(snakemake), plan, one_gpu_max, out, probe=probe, start=settings["start"],
+                     use_mps=wildcards.variant == "mps", advice=table.row(0, named=True))  # fmt: skip
+else:
+    run_replication(sweep_job(snakemake), int(wildcards.n), one_gpu_max, out, probe=probe, start=settings["start"],
+                    use_mps=settings["mps"])  # fmt: skip
