@@ -325,8 +325,15 @@ def test_replication_figures_show_the_advisors_plan_beside_the_equal_split(plans
     gains = next(line for line in cap.splitlines() if "Gain over one instance" in line)
     ratio = stats.ratio_ci_of({"n": 3, "mean": 20.0, "sd": 0.2}, {"n": 3, "mean": 10.0, "sd": 0.1})
     assert f"advisor 4×256 MPS {ratio['ratio']:.3f} [{ratio['ci_lo']:.3f}, {ratio['ci_hi']:.3f}]" in gains
-    assert "OPT-125M: ×2 1.414 [" in gains and "best advisor 4×256 MPS (a gain: its CI excludes 1)" in gains
+    assert "OPT-125M: ×2 1.414 [" in gains and "largest mean: advisor 4×256 MPS (a gain: its CI excludes 1)" in gains
+    assert "OPT-1.3B: ×2 1.414 [" in gains and gains.index("OPT-125M:") < gains.index("OPT-1.3B:")  # by size
     assert "OPT-1.3B advisor plan MPS: not measured yet" in cap
+    slower = plans.with_columns(
+        throughput_rps=pl.when(pl.col("model") == "opt2.7b", pl.col("replicas") == 2).then(5.0)
+        .otherwise(pl.col("throughput_rps")), throughput_rps_sd=pl.lit(0.05))  # fmt: skip
+    _, slow_cap = figures.replication_tradeoff(slower)
+    assert "OPT-2.7B: ×2 0.500 [" in slow_cap
+    assert "; largest mean: one instance (every other run's CI below 1)" in slow_cap
     assert "the batching advisor's plan" in cap and "OPT-125M: 4×256, OPT-125M: 4×256 MPS" in cap
     bars, _ = figures.replication_gpu_util(plans)
     enc = bars.to_dict()["layer"][0]["encoding"]

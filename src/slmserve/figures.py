@@ -946,7 +946,7 @@ def _with_setup(runs: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
 def _plan_gains(runs: pl.DataFrame) -> list[str]:
     """Per model, each run's system throughput over one instance's (the equal split's one replica, no MPS):
     the ratio of means with its 95% CI (:func:`slmserve.stats.ratio_ci_of`, from the summary's n, mean and
-    sd), and the best run (older summaries without ``plan`` hold the equal split only)."""
+    sd), and the run of the largest mean (older summaries without ``plan`` hold the equal split only)."""
     runs = runs.with_columns(*([] if "mps" in runs.columns else [pl.lit(False).alias("mps")]),
                              *([] if "plan" in runs.columns else [pl.lit("equal").alias("plan")]))  # fmt: skip
 
@@ -954,6 +954,9 @@ def _plan_gains(runs: pl.DataFrame) -> list[str]:
         return {"n": r.get("n_repeats") or 1, "mean": r["throughput_rps"], "sd": r.get("throughput_rps_sd")}
 
     per = []
+    size = {name: params for name, params in model_names(runs).values()}
+    runs = runs.sort(pl.col("model").replace_strict(size, default=math.inf, return_dtype=pl.Float64),
+                     maintain_order=True)  # fmt: skip
     for (model,), rows in runs.group_by("model", maintain_order=True):
         ones = rows.filter(pl.col("plan") == "equal", pl.col("replicas") == 1, ~pl.col("mps").fill_null(False))
         if ones.is_empty():
@@ -970,10 +973,14 @@ def _plan_gains(runs: pl.DataFrame) -> list[str]:
         text = ", ".join(f"{s} {g['ratio']:.3f}" + (f" [{g['ci_lo']:.3f}, {g['ci_hi']:.3f}]" if g["ci_lo"] is not None
                                                      else " (no CI)") for g, s in gains)  # fmt: skip
         best, name = max(gains, key=lambda t: t[0]["ratio"])
-        lo, hi = best["ci_lo"], best["ci_hi"]
-        said = "no CI" if lo is None else "a gain: its CI excludes 1" if lo > 1 else \
-            "below one instance: its CI excludes 1" if hi < 1 else "its CI contains 1"  # fmt: skip
-        per.append(f"{model}: {text}; best {name} ({said})")
+        lo = best["ci_lo"]
+        if best["ratio"] <= 1:
+            below = all(g["ci_hi"] is not None and g["ci_hi"] < 1 for g, _ in gains)
+            verdict = "largest mean: one instance" + (" (every other run's CI below 1)" if below else "")
+        else:
+            said = "no CI" if lo is None else "a gain: its CI excludes 1" if lo > 1 else "its CI contains 1"
+            verdict = f"largest mean: {name} ({said})"
+        per.append(f"{model}: {text}; {verdict}")
     if not per:
         return []
     return ["Gain over one instance (system throughput / that of one replica at the one-GPU maximum batch, no MPS; "
@@ -1017,9 +1024,10 @@ def _replication_notes(summary: pl.DataFrame) -> list[str]:
             plans = ", ".join(f"{names[r['model']][0]}: {plan_size(r)}" + (" MPS" if r["mps"] else "")
                               for r in advised.iter_rows(named=True))  # fmt: skip
             notes.append(
-                "Beyond the paper, the batching advisor's plan (slmserve.replication.advisor_plan, from advisor.csv): "
-                "min(replicas_fit, max_replicas) replicas of its chosen batch, the memory split evenly, labelled "
-                f"'advisor replicas×batch' ({plans or 'none measured'})."
+                "Beyond the paper, the batching advisor's plan (slmserve.replication.advisor_plan; the advisor run on "
+                "the model's one-GPU sweep, as in advisor.csv): max(1, min(replicas_fit, max_replicas)) replicas of "
+                "its chosen batch, the memory split evenly, labelled 'advisor replicas×batch' "
+                f"({plans or 'none measured'})."
             )
     notes += _replica_setup_notes(summary)
     if "status" in summary.columns:
