@@ -47,7 +47,7 @@ SCRIPTS = ROOT / "tests" / "slurm"
 FIXTURE_RUNS = ROOT / "tests/fixtures/results/runs/opt125m/tp1-out16-rateinf"  # a local run of the smoke DAG
 SLURM_DIR = Path(os.environ.get("SLMSERVE_SLURM_DIR", "/tmp/slmserve-slurm"))
 PARTITION, ACCOUNT = "debug", "slmtest"  # what start_slurm.sh creates
-GPU_RULES = ("sweep", "output_lengths", "replication", "kv_probe")
+GPU_RULES = ("sweep", "output_lengths", "replication", "replication_plan", "kv_probe")
 KILL_WAIT_S = 30  # KillWait in start_slurm.sh's slurm.conf: SIGKILL this long after SIGTERM
 
 
