@@ -355,9 +355,14 @@ def parse_bench_result(obj: Mapping[str, Any], n: int, output_len: int) -> RunRe
     )
 
 
+def run_tag(client: str, batch: int, repeat: int) -> str:
+    """The name of one client's run at ``batch``, ``repeat``: its log and result files are named after it."""
+    return f"{client}-bs{batch}-r{repeat}"
+
+
 def bench_result_path(workdir: Path, batch: int, repeat: int) -> Path:
     """Where :func:`vllm_bench_client` leaves the result JSON of the run at ``batch``, ``repeat``."""
-    return workdir / f"{VLLM_BENCH}-bs{batch}-r{repeat}.json"
+    return workdir / f"{run_tag(VLLM_BENCH, batch, repeat)}.json"
 
 
 def fill_bench_windows(rows: Sequence[Mapping[str, Any]], workdir: Path, output_len: int) -> list[dict[str, Any]]:

@@ -180,10 +180,9 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
             prompts = prompts_all[:n]
             for repeat in range(args.repeats):
                 for client in list(clients):
-                    tag = f"bs{batch}-r{repeat}"
                     t = time.monotonic()
                     try:
-                        res = run_client(client, srv, args, prompts, batch, f"{client}-{tag}")
+                        res = run_client(client, srv, args, prompts, batch, fidelity.run_tag(client, batch, repeat))
                     except BenchUnavailable as exc:
                         if bench["usable"]:  # it ran before: a failed run, recorded as one
                             print(f"vllm bench serve failed at batch {batch} repeat {repeat}: {exc}", flush=True)

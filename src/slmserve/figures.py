@@ -354,9 +354,9 @@ def point_name(row: Mapping[str, Any]) -> str:
     if row.get("tp") not in (None, 1):
         parts.append(f"{row['tp']} GPUs")
     if row.get("plan") == "advisor":
-        parts.append(f"advisor plan {plan_size(row)}" + (" MPS" if row.get("mps") else ""))
+        parts.append(f"advisor plan {plan_size(row)}{_mps(row)}")
     elif row.get("replicas") is not None:
-        parts.append(f"×{row['replicas']}" + (" MPS" if row.get("mps") else ""))
+        parts.append(f"×{row['replicas']}{_mps(row)}")
     elif row.get("point") is not None:
         parts.append(str(row["point"]))
     elif row.get("batch_size") is not None:
@@ -923,11 +923,21 @@ def plan_size(row: Mapping[str, Any]) -> str:
     return f"{'?' if n is None else n}×{'?' if b is None else b}"
 
 
+def _mps(row: Mapping[str, Any]) -> str:
+    """`` MPS`` where a replication run's replicas ran under NVIDIA MPS."""
+    return " MPS" if row.get("mps") else ""
+
+
 def setup_label(row: Mapping[str, Any]) -> str:
     """A replication run's bar and legend label: the replica count for the paper's equal split (``×2``), the
     plan for the batching advisor's (``advisor 4×256``); `` MPS`` where the replicas ran under MPS."""
     base = f"advisor {plan_size(row)}" if row.get("plan") == "advisor" else f"×{row.get('replicas')}"
-    return base + (" MPS" if row.get("mps") else "")
+    return base + _mps(row)
+
+
+def _one_instance(row: Mapping[str, Any]) -> bool:
+    """The reference of the gains: one replica at the one-GPU maximum batch (the equal split's ×1), no MPS."""
+    return row.get("plan", "equal") == "equal" and row.get("replicas") == 1 and not row.get("mps")
 
 
 def _with_setup(runs: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
@@ -947,8 +957,6 @@ def _plan_gains(runs: pl.DataFrame) -> list[str]:
     """Per model, each run's system throughput over one instance's (the equal split's one replica, no MPS):
     the ratio of means with its 95% CI (:func:`slmserve.stats.ratio_ci_of`, from the summary's n, mean and
     sd), and the run of the largest mean (older summaries without ``plan`` hold the equal split only)."""
-    runs = runs.with_columns(*([] if "mps" in runs.columns else [pl.lit(False).alias("mps")]),
-                             *([] if "plan" in runs.columns else [pl.lit("equal").alias("plan")]))  # fmt: skip
 
     def sample(r: Mapping[str, Any]) -> dict[str, Any]:
         return {"n": r.get("n_repeats") or 1, "mean": r["throughput_rps"], "sd": r.get("throughput_rps_sd")}
@@ -957,14 +965,15 @@ def _plan_gains(runs: pl.DataFrame) -> list[str]:
     size = {name: params for name, params in model_names(runs).values()}
     runs = runs.sort(pl.col("model").replace_strict(size, default=math.inf, return_dtype=pl.Float64),
                      maintain_order=True)  # fmt: skip
-    for (model,), rows in runs.group_by("model", maintain_order=True):
-        ones = rows.filter(pl.col("plan") == "equal", pl.col("replicas") == 1, ~pl.col("mps").fill_null(False))
-        if ones.is_empty():
+    for (model,), group in runs.group_by("model", maintain_order=True):
+        rows = list(group.iter_rows(named=True))
+        one = next((r for r in rows if _one_instance(r)), None)
+        if one is None:
             per.append(f"{model}: no one-instance run to compare with")
             continue
-        one, gains = ones.row(0, named=True), []
-        for r in rows.iter_rows(named=True):
-            if not (r["plan"] == "equal" and r["replicas"] == 1 and not r.get("mps")):
+        gains = []
+        for r in rows:
+            if not _one_instance(r):
                 g = stats.ratio_ci_of(sample(r), sample(one))
                 if g["ratio"] is not None:
                     gains.append((g, setup_label(r)))
@@ -1021,8 +1030,7 @@ def _replication_notes(summary: pl.DataFrame) -> list[str]:
         )
         notes.append(f"Batch per replica = the largest one-GPU batch / replicas ({batches or 'none'}).")
         if "plan" in summary.columns and (summary["plan"] == "advisor").any():
-            plans = ", ".join(f"{names[r['model']][0]}: {plan_size(r)}" + (" MPS" if r["mps"] else "")
-                              for r in advised.iter_rows(named=True))  # fmt: skip
+            plans = ", ".join(f"{names[r['model']][0]}: {plan_size(r)}{_mps(r)}" for r in advised.iter_rows(named=True))
             notes.append(
                 "Beyond the paper, the batching advisor's plan (slmserve.replication.advisor_plan; the advisor run on "
                 "the model's one-GPU sweep, as in advisor.csv): max(1, min(replicas_fit, max_replicas)) replicas of "
@@ -1050,7 +1058,7 @@ def _unmeasured_name(row: Mapping[str, Any], names: Mapping[str, tuple[str, floa
     """``OPT-125M × 3 replicas`` or ``OPT-125M advisor plan MPS``: a replication run that was not measured."""
     model = names.get(row["model"], (row["model"],))[0]
     if row.get("plan") == "advisor":
-        return f"{model} advisor plan" + (" MPS" if row.get("mps") else "")
+        return f"{model} advisor plan{_mps(row)}"
     return f"{model} × {row['replicas']} replicas"
 
 

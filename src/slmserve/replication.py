@@ -130,11 +130,8 @@ def run_advisor_plan(job: SweepJob, plan: AdvisorPlan, one_gpu_max: int, out: Pa
     record = {"advisor": dict(advice) if advice is not None else None}
     if plan.replicas is None or plan.batch is None:
         with guard([out], f"{job.model} advisor plan"):
-            run = {**job.describe(), "replicas": None, "batch_per_replica": None, "one_gpu_max_batch": one_gpu_max,
-                   "batch_rule": "advisor", "plan": "advisor", "batch_sizes": None, "start": start,
-                   "mps": use_mps, **record}  # fmt: skip
-            head = header(run, [], [])
-            return write_unmeasured((out, layout.telemetry_path(out)), head, plan.why or "no plan")
+            run = _run_record(job, None, None, one_gpu_max, "advisor", start, use_mps, record)
+            return write_unmeasured((out, layout.telemetry_path(out)), header(run, [], []), plan.why or "no plan")
     return run_replication(job, plan.replicas, one_gpu_max, out, probe=probe, start=start, use_mps=use_mps,
                            batch=plan.batch, plan="advisor", record=record)  # fmt: skip
 
@@ -165,9 +162,7 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *
     with guard([out], f"{job.model} x{replicas}"):
         prompts = load_prompts(job)
         with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
-            run = {**job.describe(), "replicas": replicas, "batch_per_replica": batch, "one_gpu_max_batch": one_gpu_max,
-                   "batch_rule": rule, "plan": plan, "batch_sizes": None, "start": start, "mps": use_mps,
-                   **(record or {})}  # fmt: skip
+            run = _run_record(job, replicas, batch, one_gpu_max, plan, start, use_mps, record, rule=rule)
             head = header(run, alloc.ids, alloc.nvml_indices)
             if batch < 1:
                 return write_unmeasured(paths, head, f"one-GPU maximum batch {one_gpu_max} < {replicas} replicas")
@@ -191,6 +186,16 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *
                     return write_unmeasured(paths, head, exc.reason)
                 head["run"]["mps_servers"] = daemon.check_server() if daemon is not None else None
                 return _measure_replicas(job, share, servers, batch, prompts, alloc, paths, head)
+
+
+def _run_record(job: SweepJob, replicas: int | None, batch: int | None, one_gpu_max: int, plan: str, start: str,
+                use_mps: bool, record: Mapping[str, Any] | None,
+                rule: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The ``run`` of a replication result: the job's settings and how its replicas ran (``rule``: how the
+    batch was chosen, by default the plan's name)."""
+    return {**job.describe(), "replicas": replicas, "batch_per_replica": batch, "one_gpu_max_batch": one_gpu_max,
+            "batch_rule": rule or plan, "plan": plan, "batch_sizes": None, "start": start, "mps": use_mps,
+            **(record or {})}  # fmt: skip
 
 
 def _measure_replicas(job: SweepJob, share: SweepJob, servers: list[VllmServer], batch: int, prompts: pl.DataFrame,
