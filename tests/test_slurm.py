@@ -55,10 +55,26 @@ def _tail(text: str, n: int = 60) -> str:
     return "\n".join(text.strip().splitlines()[-n:])
 
 
-def _run(env: dict[str, str], *cmd: str, timeout: float = 60) -> str:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed: {proc.stderr.strip()}"
-    return proc.stdout
+# What a SLURM client prints when slurmctld did not take its connection (seen on 2 cores busy with vLLM)
+UNREACHABLE = ("socket error", "Socket timed out", "Unable to contact slurm controller", "Connection refused")
+QUERY_PATIENCE_S = 60  # how long a command keeps retrying an unreachable slurmctld
+
+
+def _run(env: dict[str, str], *cmd: str, once: bool = False) -> str:
+    """Run a SLURM client command; one that may be repeated safely (all but sbatch: ``once``) is retried
+    while slurmctld is unreachable, for up to QUERY_PATIENCE_S. Any other failure fails at once."""
+    deadline = time.monotonic() + QUERY_PATIENCE_S
+    while True:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        if proc.returncode == 0:
+            return proc.stdout
+        err = proc.stderr.strip()
+        if once or not any(s in err for s in UNREACHABLE) or time.monotonic() > deadline:
+            log = SLURM_DIR / "log" / "slurmctld.log"
+            ctld = _tail(log.read_text(errors="replace"), 20) if log.exists() else "(no slurmctld.log)"
+            raise AssertionError(f"{' '.join(cmd)} failed: {err}\nslurmctld.log:\n{ctld}")
+        print(f"{cmd[0]}: slurmctld unreachable, retrying: {err.splitlines()[0]}")
+        time.sleep(2)
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +246,7 @@ def test_smoke_dag_through_slurm_profile(slurm: dict[str, str], tmp_path: Path) 
     if node_cpus >= 2:
         blocker = _run(
             env, "sbatch", "--parsable", "-p", PARTITION, "-A", ACCOUNT, "--gpus=1", "--cpus-per-gpu=1",
-            "--mem=64", "-t", "30", "-J", "gpu-blocker", "-o", "/dev/null", "--wrap", "sleep 1800",
+            "--mem=64", "-t", "30", "-J", "gpu-blocker", "-o", "/dev/null", "--wrap", "sleep 1800", once=True,
         ).strip()  # fmt: skip
         deadline = time.monotonic() + 60
         while not any(j == blocker and state == "RUNNING" for j, _, state in squeue_jobs(env)):
