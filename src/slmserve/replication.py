@@ -156,13 +156,12 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *
         )
     if batch is not None and batch < 1:
         raise ValueError(f"replication batch {batch}: a replica's batch must be at least 1")
-    rule = "one-GPU maximum / replicas" if batch is None else plan
     batch = one_gpu_max // replicas if batch is None else batch
     paths = (out, layout.telemetry_path(out))
     with guard([out], f"{job.model} x{replicas}"):
         prompts = load_prompts(job)
         with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
-            run = _run_record(job, replicas, batch, one_gpu_max, plan, start, use_mps, record, rule=rule)
+            run = _run_record(job, replicas, batch, one_gpu_max, plan, start, use_mps, record)
             head = header(run, alloc.ids, alloc.nvml_indices)
             if batch < 1:
                 return write_unmeasured(paths, head, f"one-GPU maximum batch {one_gpu_max} < {replicas} replicas")
@@ -189,12 +188,12 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *
 
 
 def _run_record(job: SweepJob, replicas: int | None, batch: int | None, one_gpu_max: int, plan: str, start: str,
-                use_mps: bool, record: Mapping[str, Any] | None,
-                rule: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """The ``run`` of a replication result: the job's settings and how its replicas ran (``rule``: how the
-    batch was chosen, by default the plan's name)."""
+                use_mps: bool, record: Mapping[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+    """The ``run`` of a replication result: the job's settings and how its replicas ran (``batch_rule``: how
+    the batch was chosen, the paper's even split for plan ``equal``, else the plan's name)."""
+    rule = "one-GPU maximum / replicas" if plan == "equal" else plan
     return {**job.describe(), "replicas": replicas, "batch_per_replica": batch, "one_gpu_max_batch": one_gpu_max,
-            "batch_rule": rule or plan, "plan": plan, "batch_sizes": None, "start": start, "mps": use_mps,
+            "batch_rule": rule, "plan": plan, "batch_sizes": None, "start": start, "mps": use_mps,
             **(record or {})}  # fmt: skip
 
 
