@@ -248,8 +248,8 @@ def test_dry_run_quick_profile(tmp_path: Path) -> None:
 def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -> None:
     """results/quick holds the quick profile measured on an H100 (all 18 GPU jobs of the paper's part):
     whatever the checkout's file times, `all` re-runs no measurement (the prompts are rebuilt, not the runs)
-    and plans only the advisor's plans, not measured yet; with a sweep point and a replication run taken away,
-    exactly those two jobs are planned."""
+    and plans only those of the advisor's plans (3 models x plain, MPS) not committed yet; with a sweep point and a
+    replication run taken away, exactly those two jobs are planned."""
     committed = ROOT / "results/quick"
     if not (committed / "capacity").exists():
         pytest.skip("results/quick not in this checkout")
@@ -267,9 +267,14 @@ def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -
         assert proc.returncode == 0, proc.stderr[-2000:]
         return _job_counts(proc.stdout), proc.stdout
 
-    counts, _ = planned()
+    plans = {f"{m}_advisor-{v}" for m in ("opt125m", "opt1.3b", "opt2.7b") for v in ("plain", "mps")}
+    measured = {p.stem for p in (out / "replication").glob("*_advisor-*.parquet") if ".telemetry" not in p.name}
+    assert measured <= plans, measured
+    counts, stdout = planned()
     assert not {"kv_probe", "sweep", "replication"} & set(counts), counts
-    assert counts["replication_plan"] == 6  # 3 models x plain, MPS: the profile's only missing measurements
+    assert counts.get("replication_plan", 0) == len(plans - measured)  # the profile's only missing measurements
+    outputs = " ".join(line for line in stdout.splitlines() if line.strip().startswith("output:"))
+    assert {name for name in plans if f"replication/{name}.parquet" in outputs} == plans - measured
     counts, _ = planned(no_plans)
     assert not {"kv_probe", "sweep", "replication", "replication_plan"} & set(counts), counts
     assert "prepare_dataset" not in counts  # finished jobs do not even list the prompts
