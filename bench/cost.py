@@ -5,6 +5,8 @@ Snakemake writes, for each job, a ``[<ctime>]`` line, ``rule NAME:`` (``localrul
 host), the job's ``jobid`` and ``wildcards``, and later ``[<ctime>]`` + ``Finished jobid: N (Rule: NAME)``.
 Jobs started but not finished (a run cut off) are kept with no end and null seconds: the log does not say
 when they stopped, so the sums cover finished jobs only and ``unfinished`` counts the others.
+One log may hold several Snakemake runs one after another (``bench/gpu_dag.sh`` stages); job ids restart
+with each run's "Building DAG of jobs...".
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ RULE_FIGURES: Mapping[str, str] = {
     "sweep": "Figures 1, 3, 4, 8, DRAM bandwidth, energy per token (Figure 2 left for family models)",
     "output_lengths": "Figure 2 right",
     "replication": "Figures 5-7, energy per token with replicas",
+    "replication_plan": "Figures 5-7: the batching advisor's plans (quick profile)",
+    "calibration": "the machine-to-machine spread (calibration table)",
 }
 _STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 _RULE = re.compile(r"^(?:local)?(?:rule|checkpoint) (\w+):$")
 _JOBID = re.compile(r"^\s+jobid: (\d+)$")
 _WILDCARDS = re.compile(r"^\s+wildcards: (.*)$")
 _FINISHED = re.compile(r"^Finished jobid: (\d+) \(Rule: (\w+)\)$")
+_NEW_RUN = "Building DAG of jobs..."
 
 
 def _when(stamp: str) -> datetime:
@@ -36,22 +41,25 @@ def _when(stamp: str) -> datetime:
 def parse_log(lines: Iterable[str], source: str = "") -> pl.DataFrame:
     """One row per job of one Snakemake log: rule, jobid, wildcards, start, end (null if unfinished),
     seconds. Jobs of rule ``all`` are left out."""
-    jobs: dict[int, dict[str, object]] = {}
+    jobs: dict[tuple[int, int], dict[str, object]] = {}  # (run, jobid): ids restart with each run
+    run = 0
     stamp: datetime | None = None
     current: dict[str, object] | None = None
     for raw in lines:
         line = raw.rstrip("\n")
-        if m := _STAMP.match(line):
+        if line.startswith(_NEW_RUN):
+            run, current = run + 1, None
+        elif m := _STAMP.match(line):
             stamp, current = _when(m.group(1)), None
         elif (m := _RULE.match(line)) and stamp is not None:
             current = {"rule": m.group(1), "start": stamp, "wildcards": "", "source": source}
         elif current is not None and (m := _JOBID.match(line)):
-            jobs[int(m.group(1))] = current
+            jobs[run, int(m.group(1))] = current
             current["jobid"] = int(m.group(1))
         elif current is not None and (m := _WILDCARDS.match(line)):
             current["wildcards"] = m.group(1)
-        elif (m := _FINISHED.match(line)) and stamp is not None and int(m.group(1)) in jobs:
-            jobs[int(m.group(1))]["end"] = stamp
+        elif (m := _FINISHED.match(line)) and stamp is not None and (run, int(m.group(1))) in jobs:
+            jobs[run, int(m.group(1))]["end"] = stamp
     rows = [{**job, "end": job.get("end")} for job in jobs.values() if job["rule"] != "all"]
     schema = {"source": pl.String, "rule": pl.String, "jobid": pl.Int64, "wildcards": pl.String,
               "start": pl.Datetime, "end": pl.Datetime}  # fmt: skip

@@ -35,6 +35,17 @@ def test_a_campaign_resumed_on_a_second_machine_adds_up_per_log() -> None:
     assert cost.wall_seconds(jobs) == 1545 + 1000
 
 
+def test_calibration_and_plans_count_as_gpu_time() -> None:
+    """2026-11-24, one H100, one log of three Snakemake runs (job ids restart in each): calibration (2 points),
+    the MPT-7B probe, 3 advisor plans (jobs 9, 5 and 0 of the second run), a sweep cut off."""
+    jobs = cost.parse_log((ROOT / "bench/results/h100-paper-m1/snakemake.log").read_text().splitlines())
+    rules = cost.by_rule(jobs)
+    row = dict(zip(rules["rule"], rules.select("finished", "unfinished", "seconds").rows(), strict=True))
+    assert row == {"calibration": (2, 0, 309), "kv_probe": (1, 0, 141), "replication_plan": (3, 0, 439),
+                   "sweep": (0, 1, 0)}  # fmt: skip
+    assert "calibration table" in cost.by_figure(jobs).filter(pl.col("rule") == "calibration")["figures"].item()
+
+
 def test_parse_log_ignores_rule_all_and_text_between_jobs() -> None:
     lines = [
         "Building DAG of jobs...",
