@@ -11,7 +11,7 @@ CORES ?= 2
 # Re-plot every profile whose measured results are in the checkout (the paper's in results/, the quick
 # profile's in results/quick/); REPLOT_CONFIGS=config/smoke.yaml for the smoke results instead. REPLOT_ARGS:
 # more Snakemake options. Reports: report.html (paper), report-<profile>.html (the others).
-REPLOT_CONFIGS ?= config/config.yaml config/quick.yaml config/quick-tp.yaml config/tp2.yaml
+REPLOT_CONFIGS ?= config/config.yaml config/quick.yaml config/quick-tp.yaml config/tp2.yaml config/a100-36gb.yaml
 REPLOT_ARGS ?=
 
 .PHONY: setup demo test lint dryrun replot report clean-smoke

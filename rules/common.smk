@@ -89,6 +89,13 @@ def figures():
     return [name for name, fig in FIGURES.items() if fig.source in experiments()]
 
 
+def get_server_probe():
+    """The KV-cache probe of the memory every server of this config gets: the whole GPU's configured share,
+    or engine.memory_budget_gb where the config emulates a smaller GPU (Table 1's probe of that budget)."""
+    gb = config["engine"]["memory_budget_gb"]
+    return L.capacity(budget=gb if gb else "whole")
+
+
 def capacity_files(budget):
     return [L.capacity(m, budget) for m in EXP["table1"]["models"]]
 
@@ -138,9 +145,10 @@ def sweep_job(wildcards):
 
 
 def calibration_job(wildcards):
-    """One point: the model at the calibration batch on one GPU, with the calibration's repeats."""
+    """One point: the model at the calibration batch on one GPU, with the calibration's repeats; the whole
+    GPU's share even where the profile emulates a smaller GPU, so that every machine's point is the same."""
     job = job_params(wildcards.model, batch_sizes=[CAL["batch_size"]])
-    return {**job, "repeats": CAL["repeats"], "repeat_budget_s": None}
+    return {**job, "repeats": CAL["repeats"], "repeat_budget_s": None, "memory_budget_gb": None}
 
 
 _machine = []

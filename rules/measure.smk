@@ -52,7 +52,7 @@ rule output_lengths:
     # server (same server configuration for all points).
     input:
         prompts=ancient(lambda w: prompts_unless_done(points(model=w.model))),
-        capacity=ancient(L.capacity(budget="whole")),
+        capacity=ancient(get_server_probe()),
     output:
         requests=points(),
         telemetry=points("point_telemetry"),
@@ -74,7 +74,7 @@ rule replication:
     # Figures 5-7: n replicas on one GPU, memory and requests split evenly, batch = one-GPU max / n.
     input:
         prompts=ancient(lambda w: prompts_unless_done([L.path("replication", **w)])),
-        capacity=ancient(L.capacity(budget="whole")),
+        capacity=ancient(get_server_probe()),
     output:
         requests=L.path("replication"),
         telemetry=L.path("replication_telemetry"),
@@ -96,7 +96,7 @@ rule replication_plan:
     # plain or under MPS, beside Figures 5-7's equal split; the advisor runs on the model's one-GPU sweep.
     input:
         prompts=ancient(lambda w: prompts_unless_done([L.path("plan", **w)])),
-        capacity=ancient(L.capacity(budget="whole")),
+        capacity=ancient(get_server_probe()),
         sweep=ancient(lambda w: run_files(w.model, 1, SWEEP["batch_sizes"])),
         budget=ancient(lambda w: advisor_probes(BUDGET, [w.model]) if BUDGET else []),
     output:

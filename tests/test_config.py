@@ -172,19 +172,31 @@ def test_dry_run_smoke_dag(tmp_path: Path) -> None:
                     "total": 27}  # fmt: skip
 
 
-def test_paper_dag_plans_only_the_table1_probes_missing_from_results(tmp_path: Path) -> None:
-    """results/ holds the paper profile's KV-cache probes measured so far on an H100: `all` plans the other
-    two (OPT-6.7B with 36 GB, OPT-13B with the whole GPU) and re-runs none of the eight that are there;
-    everything else of the paper is still planned."""
-    committed = sorted(p.name for p in (ROOT / "results/capacity").glob("opt*.json"))
-    if len(committed) != 8:
-        pytest.skip("results/capacity of this checkout is not the committed one")
-    out = snakemake("all", "-n", "--cores", "4", "--config", f"figdir={tmp_path}/figs")
-    assert out.returncode == 0, out.stderr[-2000:]
-    counts = _job_counts(out.stdout)
-    assert counts["kv_probe"] == 2 and counts["table1"] == 1 and counts["sweep"] == 18
-    assert "wildcards: model=opt6.7b, budget=36gb" in out.stdout
-    assert "wildcards: model=opt13b, budget=whole" in out.stdout
+def test_paper_dag_plans_only_the_probes_missing_from_results(tmp_path: Path) -> None:
+    """results/capacity holds every Table 1 probe of the paper profile (5 models, 36 GB and whole GPU) and the
+    family models' probes, measured on H100s: `all` re-runs none of them, whatever the file times; with one
+    taken away, exactly that one is planned; every sweep of the paper is still planned."""
+    committed = ROOT / "results/capacity"
+    opts = ("opt125m", "opt1.3b", "opt2.7b", "opt6.7b", "opt13b")
+    table1 = {f"{m}-{b}.json" for m in opts for b in ("36gb", "whole")}
+    families = {f"{m}-whole.json" for m in ("llama7b", "gptj6b", "mpt7b")}
+    assert table1 | families <= {p.name for p in committed.glob("*.json")}
+    out = tmp_path / "results"
+    shutil.copytree(committed, out / "capacity")
+    for path in out.rglob("*"):
+        os.utime(path, (1e9, 1e9))
+
+    def planned() -> tuple[dict[str, int], str]:
+        proc = snakemake("all", "-n", "--cores", "4", "--config", f"outdir={out}", f"figdir={tmp_path}/figs")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return _job_counts(proc.stdout), proc.stdout
+
+    counts, _ = planned()
+    assert "kv_probe" not in counts and counts["table1"] == 1
+    assert counts["sweep"] == 18  # 5 OPT models x 1, 2, 4 GPUs and 3 family models
+    (out / "capacity/opt13b-whole.json").unlink()
+    counts, stdout = planned()
+    assert counts["kv_probe"] == 1 and "wildcards: model=opt13b, budget=whole" in stdout
 
 
 @pytest.mark.parametrize("resources", [[], ["--resources", "gpu=4"]])
@@ -308,6 +320,21 @@ def test_dry_run_quick_tp_profile(tmp_path: Path) -> None:
         for tp in (1, 2, 4):
             assert f"wildcards: model={model}, tp={tp}, out=256, rate=inf" in out.stdout
     assert re.search(r"sweep:\n(.*\n)*?\s+resources: .*gpu=4", out.stdout)
+
+
+def test_dry_run_a100_budget_replication_profile(tmp_path: Path) -> None:
+    """Figures 5-7 in the paper's memory setting: the 36 GB probes size the replicas (not the whole GPU's),
+    and the machine's calibration point keeps the whole GPU's share."""
+    out = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", "config/a100-36gb.yaml",
+                    "--config", f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    assert counts["replication"] == 9 and counts["kv_probe"] == 3 and counts["calibration"] == 2
+    assert not {"sweep", "replication_plan", "table1", "advisor"} & set(counts), counts
+    for model in ("opt125m", "opt1.3b", "opt2.7b"):
+        assert f"wildcards: model={model}, budget=36gb" in out.stdout
+        assert f"capacity/{model}-36gb.json" in out.stdout
+    assert "-whole.json" not in out.stdout
 
 
 def test_dry_run_tp2_profile(tmp_path: Path) -> None:

@@ -276,6 +276,14 @@ def test_replication_tradeoff(replication: pl.DataFrame) -> None:
     assert "OPT-2.7B × 3 replicas: infeasible: 3 replicas" in cap
     assert "Workload: prompt/output tokens: [512]/[256]; replicas: 1, 2, 3" in cap
     assert "Requests per point: 500" in cap and "8 measured, 1 infeasible" in cap
+    assert "each with an equal share of the configured memory share" in cap and "memory_budget_gb" not in cap
+
+
+def test_replication_caption_names_an_emulated_gpu_budget(replication: pl.DataFrame) -> None:
+    """config/a100-36gb.yaml: every replica server splits 36 GB (the paper's A100 setting) on a larger GPU."""
+    _, cap = figures.replication_tradeoff(replication.with_columns(memory_budget_gb=pl.lit(36.0)))
+    assert "each with an equal share of 36 GB (engine.memory_budget_gb: a smaller GPU emulated" in cap
+    assert "NVIDIA H100" in cap  # the GPU whose compute, bandwidth and power the runs had
 
 
 @pytest.mark.parametrize(

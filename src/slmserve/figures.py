@@ -1010,9 +1010,19 @@ def _replica_setup_notes(summary: pl.DataFrame) -> list[str]:
     return [f"Replica servers: {' | '.join(said)}."] if said else []
 
 
+def _memory_note(summary: pl.DataFrame) -> str:
+    """What memory the replicas split: the GPU's configured share, or an emulated smaller GPU's budget."""
+    budgets = sorted(set(ok_runs(summary)["memory_budget_gb"].drop_nulls())) if "memory_budget_gb" in summary.columns \
+        else []  # fmt: skip
+    if not budgets:
+        return "an equal share of the configured memory share"
+    gb = " / ".join(f"{b:g} GB" for b in budgets)
+    return f"an equal share of {gb} (engine.memory_budget_gb: a smaller GPU emulated, as the paper's 40 GB A100)"
+
+
 def _replication_notes(summary: pl.DataFrame) -> list[str]:
     notes = [
-        "Replicas of one model share one GPU, each with an equal share of the configured memory share; the "
+        f"Replicas of one model share one GPU, each with {_memory_note(summary)}; the "
         "requests are split evenly and sent at once; latency = the largest replica mean (as in the paper).",
         "Throughput plotted: the system throughput = all replicas' completed requests / (last end - first send "
         "on the replicas' common clock). The paper summed each replica's own rate (throughput_sum_rps), which "

@@ -227,6 +227,7 @@ def _replication_row(meta: dict[str, Any], path: str, models: dict[str, Any] | N
         "model": run["model"], "family": entry.get("family"), "params": entry.get("params"),
         "replicas": run["replicas"], "batch_per_replica": run["batch_per_replica"],
         "start": run.get("start", "sequential"), "mps": bool(run.get("mps", False)),
+        "memory_budget_gb": run.get("memory_budget_gb"),  # all replicas together; None: the GPU's share
         "plan": run.get("plan", "equal"),
         "input_len": run["input_len"], "output_len": run["output_len"],
         "status": meta["status"], "reason": meta.get("reason"),
