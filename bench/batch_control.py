@@ -186,7 +186,7 @@ def cli(doc: str | None, run_args: Callable[[argparse.ArgumentParser], None], ru
 def smoke_args(r: argparse.ArgumentParser) -> None:
     """``--output-len`` and ``--dtype``: a smaller workload for a CPU-engine smoke run (:func:`shrunk`)."""
     r.add_argument("--output-len", type=int, default=None, help="output tokens (default 256; CPU smoke runs)")
-    r.add_argument("--dtype", default=None, help="default float16; bfloat16 on the CPU engine")
+    r.add_argument("--dtype", default=None, help="default float16; float32 on the CPU engine")
 
 
 def shrunk(job: runner.SweepJob, args: argparse.Namespace, **fields: Any) -> runner.SweepJob:

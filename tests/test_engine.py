@@ -195,7 +195,7 @@ def start_job(tmp_path: Path, prompts: Path, **kw: object) -> tuple[subprocess.P
     spec = {
         "model": "opt125m", "model_path": str(ROOT / "config/models/opt-125m"), "load_format": "dummy",
         "tensor_parallel": 1, "batch_sizes": [1], "prompts_path": str(prompts), "input_len": 128,
-        "output_len": 64, "num_requests": 16, "warmup_requests": 1, "dtype": "bfloat16", "max_model_len": 256,
+        "output_len": 64, "num_requests": 16, "warmup_requests": 1, "dtype": "float32", "max_model_len": 256,
         "cpu_kv_cache_gb": 1, "startup_timeout_s": 600, "out": str(tmp_path / "run"), "batch_control": "client",
     }  # fmt: skip
     spec.update(kw)
