@@ -159,6 +159,24 @@ def test_each_machine_plans_its_own_calibration_first(tmp_path: Path) -> None:
     assert str(other) in table_job and "h100-test-m1/opt1.3b.requests.parquet" in table_job
 
 
+def test_calibrate_plans_this_machines_point_and_nothing_else(tmp_path: Path) -> None:
+    """Named as a target, ``calibrate`` plans this machine's two points (and their prompts), not another
+    machine's: a calibration table named instead plans nothing once it exists (2026-11-24, H100)."""
+    cfg = tmp_path / "m1.yaml"
+    cfg.write_text(yaml.safe_dump({"calibration": {"models": ["opt125m", "opt1.3b"], "machine": "h100-test-m1"}}))
+    other = tmp_path / "results/calibration/h100-test-m0/opt125m.requests.parquet"
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"measured on another machine")
+    args = ("-n", "--cores", "4", "--resources", "gpu=1", "--configfile", str(cfg), "--config",
+            f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
+    out = snakemake("calibrate", *args)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    assert counts == {"calibrate": 1, "calibration": 2, "prepare_dataset": 1, "total": 4}
+    assert "wildcards: machine=h100-test-m1, model=opt1.3b" in out.stdout
+    assert "machine=h100-test-m0" not in out.stdout
+
+
 def test_dry_run_smoke_dag(tmp_path: Path) -> None:
     out = snakemake("all", "-n", "--cores", "2", "--configfile", "config/smoke.yaml", "--config", f"outdir={tmp_path}")
     assert out.returncode == 0, out.stderr[-2000:]

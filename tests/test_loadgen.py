@@ -48,7 +48,10 @@ class StandInCompletionsServer:
     * ``max_concurrency``: requests served at once by the stand-in (others queue), ``None`` = no limit.
     * ``fail_first_token``: a prompt starting with this token id gets HTTP 400.
     * ``drop_first_token``: a prompt starting with this token id has its connection dropped mid-stream.
-    * ``stall_first_token``: a prompt starting with this token id gets headers, then nothing for 30 s.
+    * ``stall_first_token``: a prompt starting with this token id gets headers, then nothing for
+      ``stall_s`` seconds (a request queued by the server), then its tokens.
+    * ``stall_mid_token``: a prompt starting with this token id gets headers and one token, then nothing
+      for ``stall_s`` seconds (a hung server), then the rest.
     * ``compact``: compact JSON like vLLM's (``False``: ``json.dumps`` default spacing).
 
     It counts requests received (``n_requests``) and the most handled at once (``max_active``).
@@ -62,6 +65,8 @@ class StandInCompletionsServer:
         fail_first_token: int | None = None,
         drop_first_token: int | None = None,
         stall_first_token: int | None = None,
+        stall_mid_token: int | None = None,
+        stall_s: float = 30.0,
         compact: bool = True,
     ) -> None:
         self.token_delay_s = token_delay_s
@@ -69,6 +74,8 @@ class StandInCompletionsServer:
         self.fail_first_token = fail_first_token
         self.drop_first_token = drop_first_token
         self.stall_first_token = stall_first_token
+        self.stall_mid_token = stall_mid_token
+        self.stall_s = stall_s
         self.separators = (",", ":") if compact else (", ", ": ")
         self.n_requests = 0
         self.active = 0
@@ -122,9 +129,11 @@ class StandInCompletionsServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if prompt[0] == self.stall_first_token:
-            await asyncio.sleep(30)
+            await asyncio.sleep(self.stall_s)
         for k in range(n_out):
             await asyncio.sleep(self.token_delay_s)
+            if prompt[0] == self.stall_mid_token and k == 1:
+                await asyncio.sleep(self.stall_s)
             if prompt[0] == self.drop_first_token and k == n_out // 2:
                 assert request.transport is not None
                 request.transport.abort()
@@ -408,17 +417,41 @@ def test_server_dies_mid_run(standin: type[StandInCompletionsServer]) -> None:
     assert len(to_frame(res)) == 160
 
 
-def test_silent_server_times_out(standin: type[StandInCompletionsServer]) -> None:
-    srv = standin(stall_first_token=5)
+def test_stalled_stream_times_out(standin: type[StandInCompletionsServer]) -> None:
+    srv = standin(stall_mid_token=5)
     prompts = _prompts(3, first=1000)
     prompts[0] = [5, 5]
-    spec = _spec(srv.base_url, 3, prompts=prompts, sock_read_timeout_s=0.3)
+    spec = _spec(srv.base_url, 3, prompts=prompts, stall_timeout_s=0.3)
     t = time.monotonic()
     res = run_load(spec)
-    assert time.monotonic() - t < 3
+    assert time.monotonic() - t < 3  # the stand-in stalls for 30 s
     assert [r.status for r in res.records] == ["error", "ok", "ok"]
-    assert "timed out" in (res.records[0].error or "")
+    assert "timed out (stream stalled: no data for 0.3 s after a token)" in (res.records[0].error or "")
+    assert res.records[0].first_token_s is not None
     assert not res.aborted
+
+
+def test_queued_request_waits_past_the_stall_limit(standin: type[StandInCompletionsServer]) -> None:
+    # vLLM sends headers at once and nothing while a request waits to be scheduled: at b=1 the last of
+    # 500 OPT-350M requests waited ~350 s, past a 300 s socket-read limit (2026-11-24, H100)
+    srv = standin(stall_first_token=5, stall_s=1.0)
+    prompts = _prompts(2, first=1000)
+    prompts[0] = [5, 5]
+    res = run_load(_spec(srv.base_url, 2, prompts=prompts, stall_timeout_s=0.3))
+    assert [r.status for r in res.records] == ["ok", "ok"]
+    assert to_frame(res)["ttft_s"][0] >= 1.0
+
+
+def test_first_token_is_bounded_by_the_total_timeout(standin: type[StandInCompletionsServer]) -> None:
+    srv = standin(stall_first_token=5)
+    prompts = _prompts(2, first=1000)
+    prompts[0] = [5, 5]
+    t = time.monotonic()
+    res = run_load(_spec(srv.base_url, 2, prompts=prompts, stall_timeout_s=0.3, timeout_s=1.0))
+    assert time.monotonic() - t < 5
+    assert [r.status for r in res.records] == ["error", "ok"]
+    assert "timed out" in (res.records[0].error or "")
+    assert res.records[0].first_token_s is None
 
 
 def test_single_token_and_flags(standin: type[StandInCompletionsServer]) -> None:
