@@ -62,6 +62,17 @@ def test_single_repeat_summaries_say_there_is_no_ci(sweep3: pl.DataFrame) -> Non
     assert "Repeats per point: not recorded in this summary." in cap
 
 
+def test_one_point_is_named_in_the_singular() -> None:
+    """OPT-125M's paper sweep (2026-11-24): n = 3 at 9 points and n = 2 at b=1, the only one."""
+    rows = frame([run("opt125m", b) for b in (1, 2, 4)])
+    two = with_repeats(rows.filter(pl.col("batch_size") == 1), 2)
+    _, cap = figures.throughput_latency(pl.concat([two, with_repeats(rows.filter(pl.col("batch_size") > 1), 1)]))
+    assert "Repeats: n = 1 at 2 of 3 points; 1 point with n = 2: OPT-125M b=1." in cap
+    assert "error bars on throughput, mean latency at 1 point with n >= 2" in cap
+    _, cap = figures.throughput_latency(two)
+    assert "Repeats: n = 2 per point (1 point)." in cap
+
+
 def test_batch_figures_carry_the_ci_where_the_metric_has_one(sweep3: pl.DataFrame) -> None:
     chart, cap = figures.util_throughput(sweep3)
     panel = chart.to_dict()["hconcat"][1]

@@ -375,6 +375,11 @@ def _ci_cols(runs: pl.DataFrame, metrics: Sequence[str]) -> list[pl.Expr]:
     return out
 
 
+def _points(k: int) -> str:
+    """``1 point``, ``2 points``."""
+    return f"{k} point{'s' * (k != 1)}"
+
+
 def _repeats_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
     """``Repeats: n = 3 at 12 of 14 points; 2 points with n = 1: a, b`` of the plotted points."""
     if runs.is_empty():
@@ -385,11 +390,11 @@ def _repeats_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] =
     common = counts.mode().sort()[-1]
     k = int((counts == common).sum())
     if k == runs.height:
-        return f"Repeats: n = {common} per point ({k} points).{_machines_note(runs, name)}"
+        return f"Repeats: n = {common} per point ({_points(k)}).{_machines_note(runs, name)}"
     line = f"Repeats: n = {common} at {k} of {runs.height} points"
     for n in sorted(set(counts.to_list()) - {common}):
         rows = runs.filter(counts == n)
-        line += f"; {rows.height} points with n = {n}: {', '.join(name(r) for r in rows.iter_rows(named=True))}"
+        line += f"; {_points(rows.height)} with n = {n}: {', '.join(name(r) for r in rows.iter_rows(named=True))}"
     return line + "." + _machines_note(runs, name)
 
 
@@ -401,7 +406,7 @@ def _machines_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] 
     if rows.is_empty():
         return ""
     most = int(rows["n_machines"].max())
-    return (f" Repeats of {rows.height} point{'s' * (rows.height > 1)} ran on up to {most} machines (a job resumed "
+    return (f" Repeats of {_points(rows.height)} ran on up to {most} machines (a job resumed "
             f"on another): {', '.join(name(r) for r in rows.iter_rows(named=True))}.")  # fmt: skip
 
 
@@ -418,7 +423,8 @@ def _ci_note(runs: pl.DataFrame, metrics: Sequence[str]) -> str:
     if not with_ci:
         return f"{CI_METHOD}: none drawn, no plotted point has n >= 2{rest}."
     drawn = ", ".join(METRIC_NAMES.get(m, m) for m in have)
-    return f"{CI_METHOD}, drawn as error bars on {drawn} at the {with_ci} points with n >= 2{rest}."
+    where = f"{'the ' * (with_ci > 1)}{_points(with_ci)}"
+    return f"{CI_METHOD}, drawn as error bars on {drawn} at {where} with n >= 2{rest}."
 
 
 def _preemption_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
