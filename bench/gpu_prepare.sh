@@ -44,14 +44,16 @@ ls .gpu-carry/extra/polars-*.whl >/dev/null 2>&1 || {
     "${dl[@]}" -d .gpu-carry/extra "$dep"
   done
 }
-# The prompts each config measures with (data/prompts-in{input_len}-n{num_requests}.parquet), built here
+# The prompts each config measures with (slmserve.layout's "prompts" path of its outdir), built here
 for cfg in config/quick.yaml config/config.yaml; do
-  f=$("$py" - "$cfg" <<'PY'
+  f=$(PYTHONPATH=src "$py" - "$cfg" <<'PY'
 import sys, yaml
+from slmserve.layout import Layout
 base = yaml.safe_load(open("config/config.yaml"))
-cfg = yaml.safe_load(open(sys.argv[1]))
+cfg = yaml.safe_load(open(sys.argv[1]))  # a profile extends config/config.yaml, as the Snakefile reads it
 wl = {**base["workload"], **cfg.get("workload", {})}
-print(f"{cfg.get('outdir', base['outdir'])}/data/prompts-in{wl['input_len']}-n{wl['num_requests']}.parquet")
+layout = Layout(outdir=cfg.get("outdir", base["outdir"]))
+print(layout.path("prompts", input_len=wl["input_len"], num_requests=wl["num_requests"]))
 PY
 )
   [ -f "$f" ] || "$py" -m snakemake "$f" --configfile "$cfg" --cores 2 --resources gpu=1 -q \
