@@ -87,7 +87,7 @@ def test_schema_violations_name_key_and_allowed(cfg: dict, mutate, pattern: str)
 def test_unknown_model_names_key_and_allowed_values(cfg: dict) -> None:
     cfg["experiments"]["sweep"]["models"].append("opt175b")
     validate(cfg, SCHEMA)
-    with pytest.raises(ConfigError, match=r"experiments\.sweep\.models\[5\]: unknown model 'opt175b'") as info:
+    with pytest.raises(ConfigError, match=r"experiments\.sweep\.models\[6\]: unknown model 'opt175b'") as info:
         check(cfg, ROOT)
     assert "opt125m" in str(info.value) and "gptj6b" in str(info.value)
 
@@ -125,8 +125,8 @@ def test_dry_run_paper_dag(resources: list[str], tmp_path: Path) -> None:
                     f"figdir={tmp_path}/figs")  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     counts = _job_counts(out.stdout)
-    # 5 models x 3 GPU counts + 3 other families on one GPU, one sweep job each (all batch sizes inside)
-    assert counts["sweep"] == 18
+    # 6 OPT models x 3 GPU counts + 3 other families on one GPU, one sweep job each (all batch sizes inside)
+    assert counts["sweep"] == 21
     assert counts["kv_probe"] == 10  # Table 1: 5 models x (36 GB, whole GPU)
     assert counts["replication"] == 9  # 3 models x 1-3 replicas
     assert counts["replication_plan"] == 6  # 3 models x the advisor's plan, plain and under MPS
@@ -134,7 +134,7 @@ def test_dry_run_paper_dag(resources: list[str], tmp_path: Path) -> None:
     assert counts["summarize"] == 4 and counts["table1"] == 1 and counts["advisor"] == 1 and counts["all"] == 1
     assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 12
     assert counts["calibration"] == 2 and counts["calibration_table"] == 1  # OPT-125M, 1.3B on this machine
-    assert counts["total"] == 67
+    assert counts["total"] == 70
 
 
 def test_each_machine_plans_its_own_calibration_first(tmp_path: Path) -> None:
@@ -211,7 +211,7 @@ def test_paper_dag_plans_only_the_probes_missing_from_results(tmp_path: Path) ->
 
     counts, _ = planned()
     assert "kv_probe" not in counts and counts["table1"] == 1
-    assert counts["sweep"] == 18  # 5 OPT models x 1, 2, 4 GPUs and 3 family models
+    assert counts["sweep"] == 21  # 6 OPT models x 1, 2, 4 GPUs and 3 family models
     (out / "capacity/opt13b-whole.json").unlink()
     counts, stdout = planned()
     assert counts["kv_probe"] == 1 and "wildcards: model=opt13b, budget=whole" in stdout
@@ -223,7 +223,7 @@ def test_dry_run_named_targets(resources: list[str], tmp_path: Path) -> None:
     cases = {
         "results/replication/opt125m_r3.parquet": {"prepare_dataset": 1, "kv_probe": 1, "replication": 1},
         "paper_figures/table1.md": {"kv_probe": 10, "table1": 1},
-        "paper_figures/throughput_latency.png": {"prepare_dataset": 1, "sweep": 15, "summarize": 1,
+        "paper_figures/throughput_latency.png": {"prepare_dataset": 1, "sweep": 18, "summarize": 1,
                                                  "figure_throughput_latency": 1},
         "paper_figures/output_lengths.png": {"prepare_dataset": 1, "kv_probe": 1, "output_lengths": 1,
                                              "summarize": 1, "figure_output_lengths": 1},
@@ -231,7 +231,7 @@ def test_dry_run_named_targets(resources: list[str], tmp_path: Path) -> None:
         "paper_figures/replication_power.png": {"prepare_dataset": 1, "kv_probe": 6, "replication": 9,
                                                 "sweep": 3, "replication_plan": 6, "summarize": 1,
                                                 "figure_replication_power": 1},
-        "demo": {"prepare_dataset": 1, "sweep": 15, "summarize": 1, "figure_throughput_latency": 1, "demo": 1},
+        "demo": {"prepare_dataset": 1, "sweep": 18, "summarize": 1, "figure_throughput_latency": 1, "demo": 1},
     }  # fmt: skip
     for target, expected in cases.items():
         target = target.replace("results/", f"{tmp_path}/results/").replace("paper_figures/", f"{tmp_path}/figs/")

@@ -80,7 +80,7 @@ def test_replot_without_results_says_there_is_nothing_to_plot(tmp_path: Path) ->
     proc = snakemake("all", "-n", "--cores", "1", "--config", "replot=True", f"outdir={tmp_path}")
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
-    assert f"none of the 217 measured results of this configuration is under {tmp_path}/" in text
+    assert f"none of the 247 measured results of this configuration is under {tmp_path}/" in text
     assert "nothing to plot" in text
 
 
