@@ -65,7 +65,7 @@ rule demo:
 
 
 rule calibrate:
-    # This machine's calibration point alone: name it first on a new machine, since a calibration table
-    # that exists does not pull a missing input (bench/gpu_dag.sh; 2026-11-24 a machine ran none)
+    # This machine's calibration point alone, to name first on a new machine: a calibration table that
+    # exists does not pull this machine's missing point
     input:
         calibration_files(),

@@ -88,7 +88,7 @@ class LoadSpec:
     """Longest silence allowed between a streamed response's chunks once its first token has arrived
     (catches a hung server; a dead one resets its connections at once). The wait for the first token is
     not limited by it, only by ``timeout_s``: a request the server keeps queued gets nothing until it
-    is scheduled (at b=1 the 500th request waits for 499 others, about 350 s for OPT-350M on an H100).
+    is scheduled (at b=1 the 500th request waits for 499 others: 311 s for OPT-350M on an H100).
     Not applied with ``stream=False``. ``None``: no limit."""
     connect_timeout_s: float = 30.0
     keepalive_s: float = 4.0
