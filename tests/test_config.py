@@ -137,15 +137,21 @@ def test_dry_run_paper_dag(resources: list[str], tmp_path: Path) -> None:
     assert counts["total"] == 70
 
 
-def test_each_machine_plans_its_own_calibration_first(tmp_path: Path) -> None:
-    """The paper profile plans this machine's calibration point (named by calibration.machine here), at the
-    highest priority so that it starts before the other jobs; another machine's point already measured is
-    not re-run, and the calibration table lists both machines."""
+def _machine_m1_beside_m0(tmp_path: Path) -> tuple[Path, Path]:
+    """A config naming this machine h100-test-m1, and machine h100-test-m0's calibration file under outdir."""
     cfg = tmp_path / "m1.yaml"
     cfg.write_text(yaml.safe_dump({"calibration": {"models": ["opt125m", "opt1.3b"], "machine": "h100-test-m1"}}))
     other = tmp_path / "results/calibration/h100-test-m0/opt125m.requests.parquet"
     other.parent.mkdir(parents=True)
     other.write_bytes(b"measured on another machine")
+    return cfg, other
+
+
+def test_each_machine_plans_its_own_calibration_first(tmp_path: Path) -> None:
+    """The paper profile plans this machine's calibration point (named by calibration.machine here), at the
+    highest priority so that it starts before the other jobs; another machine's point already measured is
+    not re-run, and the calibration table lists both machines."""
+    cfg, other = _machine_m1_beside_m0(tmp_path)
     out = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", str(cfg),
                     "--config", f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
@@ -162,11 +168,7 @@ def test_each_machine_plans_its_own_calibration_first(tmp_path: Path) -> None:
 def test_calibrate_plans_this_machines_point_and_nothing_else(tmp_path: Path) -> None:
     """Named as a target, ``calibrate`` plans this machine's two points (and their prompts), not another
     machine's: a calibration table named instead plans nothing once it exists (2026-11-24, H100)."""
-    cfg = tmp_path / "m1.yaml"
-    cfg.write_text(yaml.safe_dump({"calibration": {"models": ["opt125m", "opt1.3b"], "machine": "h100-test-m1"}}))
-    other = tmp_path / "results/calibration/h100-test-m0/opt125m.requests.parquet"
-    other.parent.mkdir(parents=True)
-    other.write_bytes(b"measured on another machine")
+    cfg, _ = _machine_m1_beside_m0(tmp_path)
     args = ("-n", "--cores", "4", "--resources", "gpu=1", "--configfile", str(cfg), "--config",
             f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
     out = snakemake("calibrate", *args)

@@ -431,9 +431,16 @@ def test_stalled_stream_times_out(standin: type[StandInCompletionsServer]) -> No
     assert not res.aborted
 
 
+def test_a_stream_longer_than_the_stall_limit_is_not_cut(standin: type[StandInCompletionsServer]) -> None:
+    srv = standin(token_delay_s=0.02)  # 50 tokens in 1 s, a chunk every 20 ms: never silent for 0.3 s
+    res = run_load(_spec(srv.base_url, 2, output_len=50, stall_timeout_s=0.3))
+    assert [r.status for r in res.records] == ["ok", "ok"]
+    assert all(r.end_s - r.first_token_s > 0.9 for r in res.records)
+
+
 def test_queued_request_waits_past_the_stall_limit(standin: type[StandInCompletionsServer]) -> None:
     # vLLM sends headers at once and nothing while a request waits to be scheduled: at b=1 the last of
-    # 500 OPT-350M requests waited ~350 s, past a 300 s socket-read limit (2026-11-24, H100)
+    # 500 OPT-350M requests waited 311 s, past a 300 s socket-read limit (2026-11-24, H100)
     srv = standin(stall_first_token=5, stall_s=1.0)
     prompts = _prompts(2, first=1000)
     prompts[0] = [5, 5]

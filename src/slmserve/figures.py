@@ -1018,9 +1018,8 @@ def _replica_setup_notes(summary: pl.DataFrame) -> list[str]:
 
 def _memory_note(summary: pl.DataFrame) -> str:
     """What memory the replicas split: the GPU's configured share, or an emulated smaller GPU's budget."""
-    if "memory_budget_gb" not in summary.columns:
-        return "an equal share of the configured memory share"
-    budgets = sorted(set(ok_runs(summary)["memory_budget_gb"].drop_nulls()))
+    runs = ok_runs(summary)
+    budgets = sorted(set(runs["memory_budget_gb"].drop_nulls())) if "memory_budget_gb" in runs.columns else []
     if not budgets:
         return "an equal share of the configured memory share"
     gb = " / ".join(f"{b:g} GB" for b in budgets)

@@ -86,7 +86,8 @@ class LoadSpec:
     """Total time limit of one request (from send to end of response)."""
     stall_timeout_s: float | None = 300.0
     """Longest silence allowed between a streamed response's chunks once its first token has arrived
-    (catches a hung server; a dead one resets its connections at once). The wait for the first token is
+    (catches a hung server; a dead one resets its connections at once). A stall ends the request after
+    between half and all of it: the limit is re-armed when half of it has passed. The wait for the first token is
     not limited by it, only by ``timeout_s``: a request the server keeps queued gets nothing until it
     is scheduled (at b=1 the 500th request waits for 499 others: 311 s for OPT-350M on an H100).
     Not applied with ``stream=False``. ``None``: no limit."""
@@ -386,30 +387,29 @@ class _Phase:
         clock = _TokenClock(rec, self.t0)
         usage: Any = None
         stream_error: Any = None
-        chunks = resp.content.iter_any()
+        limit = self.spec.stall_timeout_s
+        deadline = -math.inf  # time.monotonic() is the event loop's clock
+        stall = asyncio.timeout(None)  # armed at the first token: a queued request's wait is not a stall
         try:
-            while True:
-                # a queued request's first chunk may take as long as the queue ahead of it: no stall limit
-                limit = self.spec.stall_timeout_s if rec.first_token_s is not None else None
-                stall = asyncio.timeout(limit)
-                try:
-                    async with stall:
-                        data = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    if not stall.expired():  # the request's total limit, not the stall limit
-                        raise
-                    raise TimeoutError(f"stream stalled: no data for {limit:g} s after a token") from None
-                now = time.monotonic()
-                for payload in sse.feed(data):
-                    token, chunk_usage, chunk_error = _read_chunk(payload)
-                    usage = chunk_usage or usage
-                    stream_error = stream_error if chunk_error is None else chunk_error
-                    if token:
-                        clock.token(now)
+            async with stall:
+                async for data in resp.content.iter_any():
+                    now = time.monotonic()
+                    for payload in sse.feed(data):
+                        token, chunk_usage, chunk_error = _read_chunk(payload)
+                        usage = chunk_usage or usage
+                        stream_error = stream_error if chunk_error is None else chunk_error
+                        if token:
+                            clock.token(now)
+                    # re-armed once half the limit has passed, not on every chunk (a timer each: 5 us)
+                    if limit is not None and rec.first_token_s is not None and now + limit / 2 > deadline:
+                        deadline = now + limit
+                        stall.reschedule(deadline)
             if sse.rest.strip():
                 stream_error = f"incomplete last line {sse.rest[:100]!r}"
+        except TimeoutError:
+            if not stall.expired():  # the request's total limit, not the stall limit
+                raise
+            raise TimeoutError(f"stream stalled: no data for {limit:g} s after a token") from None
         finally:
             clock.close()
         rec.end_s = time.monotonic() - self.t0
