@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +68,12 @@ def run(args: argparse.Namespace) -> None:
         print(f"== {args.model} {mode}: done", flush=True)
 
 
+# How :func:`alternate` logs each measured run; :func:`log_samples` reads it back.
+RUN_LINE = "repeat %d batch %d %s: %d requests in %.2f s"
+_RUN_RE = re.compile(r"repeat (\d+) batch (\d+) (\S+): (\d+) requests in ([\d.]+) s")
+_LABEL_RE = re.compile(r"'(\S+) [^']*' holds GPU")
+
+
 def order(settings: tuple[str, ...], repeat: int) -> tuple[str, ...]:
     """Which setting goes first in a repeat: the first one in even repeats, the last one in odd ones."""
     return settings if repeat % 2 == 0 else settings[::-1]
@@ -77,7 +84,8 @@ def alternate(by: dict[str, runner.SweepJob], batches: list[int], repeats: int, 
     """Measure two or more settings (``by``: name -> job, the first job's server for all) on one server
     (``--max-num-seqs`` = the largest batch, batch capped in the scheduler): each repeat runs every batch in
     every setting, the settings alternating which goes first (:func:`order`) so that drift falls on all;
-    ``before(setting, server)`` runs before each measured run. Writes each job's outputs."""
+    ``before(setting, server)`` runs before each measured run. Writes each job's outputs after every repeat,
+    so a machine lost mid-benchmark keeps the repeats it finished (column ``repeat``)."""
     first = next(iter(by.values()))
     prompts = runner.load_prompts(first)
     with GpuSlots(1, label=label) as alloc:
@@ -94,10 +102,10 @@ def alternate(by: dict[str, runner.SweepJob], batches: list[int], repeats: int, 
                         p = points[(name, b)]
                         m = runner.measure_point(p, srv, alloc, prompts, where=f"at batch {b} ({name})")
                         p.runs.append(m)
-                        log.info("repeat %d batch %d %s: %d requests in %.2f s", repeat, b, name,
-                                 m.meta["loads"][0]["n_ok"], m.meta["loads"][0]["duration_s"] or 0)  # fmt: skip
-        for p in points.values():
-            write_point(p.paths, p.head, p.runs)
+                        log.info(RUN_LINE, repeat, b, name, m.meta["loads"][0]["n_ok"],
+                                 m.meta["loads"][0]["duration_s"] or 0)  # fmt: skip
+                for p in points.values():
+                    write_point(p.paths, p.head, p.runs)
 
 
 def repeat_throughputs(out: Path, level: str) -> pl.DataFrame:
@@ -118,6 +126,23 @@ def setting_samples(out: Path, settings: tuple[str, ...]) -> list[tuple[str, int
     )
     return [(model, batch, {s: g.filter(pl.col("setting") == s)["throughput_rps"].to_list() for s in settings})
             for (model, batch), g in rows.group_by("model", "batch_size", maintain_order=True)]  # fmt: skip
+
+
+def log_samples(log_path: Path, settings: tuple[str, ...]) -> list[tuple[str, int, dict[str, list[float]]]]:
+    """:func:`setting_samples` from :func:`alternate`'s log instead of its result files, for runs whose files
+    were lost: each run's throughput is its requests over its duration (``throughput_rps``, the window from
+    first send to last end), as logged to 10 ms, about 0.06% of a 17 s run. The model is the GPU slot's label."""
+    text = log_path.read_text()
+    label = _LABEL_RE.search(text)
+    if label is None:
+        raise SystemExit(f"{log_path}: no \"'<model> ...' holds GPU\" line; is it a bench/ benchmark's log?")
+    by: dict[int, dict[str, list[float]]] = {}
+    for _, batch, setting, n, dur in _RUN_RE.findall(text):
+        if setting in settings and float(dur) > 0:
+            by.setdefault(int(batch), {s: [] for s in settings})[setting].append(int(n) / float(dur))
+    if not by:
+        raise SystemExit(f"{log_path}: no measured run of {', '.join(settings)} in it")
+    return [(label[1], batch, samples) for batch, samples in by.items()]
 
 
 def paired_columns(by: dict[str, list[float]]) -> dict[str, Any]:
@@ -165,9 +190,10 @@ def compare(args: argparse.Namespace) -> pl.DataFrame:
 
 
 def cli(doc: str | None, run_args: Callable[[argparse.ArgumentParser], None], run: Callable[[argparse.Namespace], Any],
-        compare: Callable[[argparse.Namespace], Any], argv: list[str] | None = None) -> int:  # fmt: skip
+        compare: Callable[[argparse.Namespace], Any], argv: list[str] | None = None,
+        compare_args: Callable[[argparse.ArgumentParser], None] | None = None) -> int:  # fmt: skip
     """The benchmarks' command line: ``run --model M --prompts P --out DIR`` plus ``run_args``, and
-    ``compare DIR``; logs at INFO and dispatches."""
+    ``compare DIR`` plus ``compare_args``; logs at INFO and dispatches."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
@@ -177,6 +203,8 @@ def cli(doc: str | None, run_args: Callable[[argparse.ArgumentParser], None], ru
     run_args(r)
     c = sub.add_parser("compare")
     c.add_argument("out", type=Path)
+    if compare_args is not None:
+        compare_args(c)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run(args) if args.cmd == "run" else compare(args)

@@ -3,6 +3,7 @@
     python bench/telemetry_overhead.py run --model opt125m --prompts P --out DIR [--batches 64 512]
         [--repeats 5] [--interval-ms 100]
     python bench/telemetry_overhead.py compare DIR     # here, on the results brought back
+    python bench/telemetry_overhead.py compare DIR --log DIR/bench.log   # from the run's log lines
 
 ``run`` starts one server (``--max-num-seqs`` = the largest batch, the batch capped in the scheduler) and
 measures every batch with the sampler on and off through the workflow's measuring core
@@ -12,7 +13,8 @@ that drift falls on both. 500 requests per run. Results, as the workflow writes 
 
 ``compare`` prints and writes ``DIR/compare.csv``: per batch, each setting's mean throughput (req/s) with n
 and 95% CI, the ratio sampler/no sampler with its 95% CI (:func:`slmserve.stats.ratio_ci`), and the loss
-bound ``1 - ci_lo``; the goal (at most 1% lost) is met where that bound is at most 1%.
+bound ``1 - ci_lo``; the goal (at most 1% lost) is met where that bound is at most 1%. With ``--log``, the
+throughputs come from ``run``'s log (:func:`bench.batch_control.log_samples`), for runs whose files were lost.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from bench.batch_control import (
     alternate,
     cli,
+    log_samples,
     paired_columns,
     setting_outputs,
     setting_samples,
@@ -59,7 +62,9 @@ def run(args: argparse.Namespace) -> None:
 
 def compare(args: argparse.Namespace) -> pl.DataFrame:
     out = []
-    for model, batch, by in setting_samples(args.out, SETTINGS):
+    log_path = getattr(args, "log", None)
+    samples = log_samples(log_path, SETTINGS) if log_path else setting_samples(args.out, SETTINGS)
+    for model, batch, by in samples:
         row = {"model": model, "batch_size": batch, **paired_columns(by)}
         loss = None if row["ratio_ci_lo"] is None else 1 - row["ratio_ci_lo"]
         out.append({**row, "loss_bound": loss, "goal_met": loss is not None and loss <= GOAL})
@@ -74,8 +79,12 @@ def run_args(r: argparse.ArgumentParser) -> None:
     smoke_args(r)
 
 
+def compare_args(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--log", type=Path, default=None, help="read the runs from this log of `run` (bench.log)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    return cli(__doc__, run_args, run, compare, argv)
+    return cli(__doc__, run_args, run, compare, argv, compare_args)
 
 
 if __name__ == "__main__":

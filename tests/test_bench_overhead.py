@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -119,3 +120,59 @@ def test_startup_span_runs_from_first_launch_to_last_ready() -> None:
     servers = [{"launched_at": 10.0, "startup_s": 60.0}, {"launched_at": 11.0, "startup_s": 65.0}]
     assert replicas.startup_span_s(servers) == pytest.approx(66.0)
     assert replicas.startup_span_s([{"launched_at": 10.0, "startup_s": None}]) is None
+
+
+def test_alternate_writes_each_repeat_as_it_ends(tmp_path: Path, monkeypatch) -> None:
+    # A lent machine can go back mid-benchmark (2026-11-25: 13 telemetry runs on an H100 came back only as
+    # log lines): what finished must be on disk after every repeat, not only at the end.
+    job = batch_control.sweep_job("opt125m", "scheduler", tmp_path / "p.parquet", tmp_path, [2, 4], repeats=1)
+    jobs = {name: dataclasses.replace(job, outputs=batch_control.setting_outputs(tmp_path, "opt125m", name, [2, 4]))
+            for name in telemetry_overhead.SETTINGS}  # fmt: skip
+    written: list[tuple[str, int]] = []
+    measured = 0
+
+    class Stub:  # stands in for the GPU slot and the vLLM server; no engine runs
+        startup_s, kv_cache_tokens, ids, nvml_indices = 0.0, 0, [0], [0]
+
+        def __init__(self, *args, **kwargs) -> None: ...
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None: ...
+
+    def measure_point(p, srv, alloc, prompts, where=""):
+        nonlocal measured
+        measured += 1
+        if measured > 4:  # the machine is lost during the second repeat
+            raise RuntimeError("machine gone")
+        return argparse.Namespace(meta={"loads": [{"n_ok": 1, "duration_s": 1.0}]})
+
+    monkeypatch.setattr(batch_control, "GpuSlots", Stub)
+    monkeypatch.setattr(batch_control, "VllmServer", Stub)
+    monkeypatch.setattr(batch_control, "header", lambda *a: {})
+    monkeypatch.setattr(runner, "load_prompts", lambda job: None)
+    monkeypatch.setattr(runner, "server_spec", lambda *a: None)
+    monkeypatch.setattr(runner, "measure_point", measure_point)
+    monkeypatch.setattr(
+        batch_control, "write_point", lambda paths, head, runs: written.append((paths[0].name, len(runs)))
+    )
+    with pytest.raises(RuntimeError, match="machine gone"):
+        batch_control.alternate(jobs, [2, 4], 2, "test")
+    assert sorted(written) == [("bs2.requests.parquet", 1)] * 2 + [("bs4.requests.parquet", 1)] * 2
+
+
+def test_overhead_compare_reads_the_runs_from_a_log(tmp_path: Path) -> None:
+    # The H100 run of 2026-11-25 whose result files were lost with the machine: only its log came back.
+    log = ROOT / "bench/results/h100-telemetry-overhead/2026-11-25-opt1.3b/bench.log"
+    telemetry_overhead.main(["compare", str(tmp_path), "--log", str(log)])
+    row = pl.read_csv(tmp_path / "compare.csv").row(0, named=True)
+    assert (row["model"], row["batch_size"], row["sampler_n"], row["nosampler_n"]) == ("opt1.3b", 256, 7, 6)
+    assert row["sampler_mean"] == pytest.approx(1000 / 17.5843, rel=1e-4)  # the mean of 1000 / the 7 durations
+    assert row["ratio"] == pytest.approx(row["sampler_mean"] / row["nosampler_mean"])
+
+
+def test_overhead_log_without_a_gpu_label_is_named(tmp_path: Path) -> None:
+    (tmp_path / "bench.log").write_text("INFO bench: repeat 0 batch 64 sampler: 10 requests in 1.00 s\n")
+    with pytest.raises(SystemExit, match=r"bench\.log: no .* holds GPU"):
+        batch_control.log_samples(tmp_path / "bench.log", telemetry_overhead.SETTINGS)
