@@ -470,7 +470,9 @@ def summarize(
     ``ratio`` = mean(subject) / mean(reference), on the window definition where the reference has it,
     its 95% CI (``ratio_ci_lo``, ``ratio_ci_hi``: :func:`slmserve.stats.ratio_ci`) and the ``verdict`` that
     CI gives at ``tolerance`` (:func:`slmserve.stats.verdict`: ``agree``, ``differ`` or ``inconclusive``;
-    ``all_agree`` over the batches); ``within_tolerance`` = ``|ratio - 1| <= tolerance`` on the means alone
+    ``all_agree`` over the batches), ``equivalent`` whether that CI lies within ``1 ± tolerance``
+    (:func:`slmserve.stats.equivalent`, the issue's "ratio within 0.98-1.02" at 95% confidence;
+    ``all_equivalent``); ``within_tolerance`` = ``|ratio - 1| <= tolerance`` on the means alone
     (``ratios`` and ``within`` hold the same against every other client; ``window_ratios`` compare the
     throughputs on the project's window definition, ``window_rps``). A run with throughput ``None``
     (nothing completed) is left out of the means; ``all_ok`` says whether every request of every run of
@@ -510,6 +512,7 @@ def summarize(
                 "ratio_ci_lo": ci["ci_lo"],
                 "ratio_ci_hi": ci["ci_hi"],
                 "verdict": stats.verdict(ci["ci_lo"], ci["ci_hi"], tolerance),
+                "equivalent": stats.equivalent(ci["ci_lo"], ci["ci_hi"], tolerance),
                 "within_tolerance": _within(ratio, tolerance),
                 "ratios": ratios,
                 "within": within,
@@ -523,6 +526,7 @@ def summarize(
         "batches": batches,
         "all_within_tolerance": bool(batches) and all(b["within_tolerance"] for b in batches),
         "all_agree": bool(batches) and all(b["verdict"] == "agree" for b in batches),
+        "all_equivalent": bool(batches) and all(b["equivalent"] for b in batches),
     }
 
 

@@ -149,7 +149,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         ci = f"[{_fmt(b['ratio_ci_lo'], '.4f')}, {_fmt(b['ratio_ci_hi'], '.4f')}]"
         print(f"batch {b['batch']:>4} n={b['n']}: {'; '.join(parts)}", flush=True)
         print(f"    ratio {ratios}; on first send to last end {windows}", flush=True)
-        print(f"    judged /{b['reference']} {_fmt(b['ratio'], '.4f')}, 95% CI {ci}: {b['verdict']}", flush=True)
+        inside = {True: "yes", False: "no", None: "no interval"}[b["equivalent"]]
+        print(f"    judged /{b['reference']} {_fmt(b['ratio'], '.4f')}, 95% CI {ci}: {b['verdict']}; CI within"
+              f" {summary['tolerance']:.0%}: {inside}", flush=True)  # fmt: skip
 
 
 def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[int]]) -> int:

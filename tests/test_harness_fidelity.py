@@ -336,6 +336,12 @@ def test_summary_ratio_and_cv() -> None:
              for c, v in (("slmserve", a), ("minimal", b))]  # fmt: skip
     (t,) = fidelity.summarize(tight)["batches"]
     assert t["verdict"] == "agree" and fidelity.summarize(tight)["all_agree"] is True
+    assert t["equivalent"] is True and fidelity.summarize(tight)["all_equivalent"] is True
+    assert b1["equivalent"] is False and b64["equivalent"] is False and s["all_equivalent"] is False
+    # a resolved 1% difference: "differ" by the verdict, yet within 2% at 95% confidence
+    near = [{**r, "throughput_rps": r["throughput_rps"] * (1.01 if r["client"] == "slmserve" else 1.0)} for r in tight]
+    (n1,) = fidelity.summarize(near)["batches"]
+    assert (n1["verdict"], n1["equivalent"]) == ("differ", True)
     far = [{**r, "throughput_rps": r["throughput_rps"] * (1.1 if r["client"] == "slmserve" else 1.0)} for r in tight]
     assert fidelity.summarize(far)["batches"][0]["verdict"] == "differ"
     windowed = [{**r, "window_rps": r["throughput_rps"] * (1.1 if r["client"] == "minimal" else 1.0)} for r in rows]

@@ -83,3 +83,12 @@ def test_ratio_ci_from_a_summarys_n_mean_and_sd_is_that_of_the_samples() -> None
     assert stats.ratio_ci_of(stats.describe(a), stats.describe(b)) == pytest.approx(from_samples)
     assert stats.ratio_ci_of({"n": 1, "mean": 2.0, "sd": None}, stats.describe(b))["ci_lo"] is None  # one repeat
     assert stats.ratio_ci_of({"n": 3, "mean": None, "sd": None}, stats.describe(b))["ratio"] is None
+
+
+def test_equivalence_needs_the_whole_interval_inside_the_bounds() -> None:
+    assert stats.equivalent(1.002, 1.018, 0.02) is True  # a resolved 1% difference is still within 2%
+    assert stats.verdict(1.002, 1.018, 0.02) == "differ"
+    assert stats.equivalent(0.985, 1.025, 0.02) is False  # contains 1, half-width 2%, but reaches 2.5%
+    assert stats.verdict(0.985, 1.025, 0.02) == "agree"
+    assert stats.equivalent(0.98, 1.02, 0.02) is True  # the bounds are inside
+    assert stats.equivalent(None, None, 0.02) is None

@@ -65,3 +65,14 @@ def verdict(ci_lo: float | None, ci_hi: float | None, tolerance: float) -> str:
     if ci_hi < 1.0 or ci_lo > 1.0:
         return "differ"
     return "agree" if (ci_hi - ci_lo) / 2 <= tolerance + 1e-12 else "inconclusive"
+
+
+def equivalent(ci_lo: float | None, ci_hi: float | None, tolerance: float) -> bool | None:
+    """Whether a ratio's 95% CI ``[ci_lo, ci_hi]`` shows the two equal within ``tolerance``: the whole
+    interval inside ``[1 - tolerance, 1 + tolerance]`` (equivalence by two one-sided tests at 2.5% each).
+    Unlike :func:`verdict`'s ``agree``, a difference the repeats resolve can still be within ``tolerance``
+    (1.010 [1.002, 1.018] at 2%), and an interval that reaches past a bound is not. ``None`` without an
+    interval."""
+    if ci_lo is None or ci_hi is None:
+        return None
+    return 1.0 - tolerance - 1e-12 <= ci_lo and ci_hi <= 1.0 + tolerance + 1e-12
