@@ -355,6 +355,13 @@ def parse_bench_result(obj: Mapping[str, Any], n: int, output_len: int) -> RunRe
     )
 
 
+def turns(clients: Sequence[str], repeat: int) -> list[str]:
+    """The clients' order in ``repeat``: rotated by one each repeat, so no client always goes first (with
+    two, they alternate) and a drift within a repeat falls on all of them."""
+    k = repeat % len(clients) if clients else 0
+    return [*clients[k:], *clients[:k]]
+
+
 def run_tag(client: str, batch: int, repeat: int) -> str:
     """The name of one client's run at ``batch``, ``repeat``: its log and result files are named after it."""
     return f"{client}-bs{batch}-r{repeat}"

@@ -4,11 +4,12 @@
         [--batch-sizes 1 64 512] [--repeats 3] [--clients slmserve vllm-bench minimal]
 
 One vLLM server (OPT-125M, dummy weights, the workflow's settings, ``--max-num-seqs`` = the largest batch)
-serves every run. For each batch size B and repeat the clients take turns (:mod:`bench.fidelity`), each
+serves every run. For each batch size B and repeat the clients take turns, the first rotating from one repeat
+to the next (:func:`bench.fidelity.turns`), each
 sending the same N prompts (default ``max(64, 8 B)``) at once with at most B in flight, 512 input and 256
 output tokens, after the same warm-up. Criterion: the ratio of mean throughputs ``slmserve`` / reference,
 whose 95% CI must contain 1 with a half-width of at most 2% (``agree``; ``differ`` where it excludes 1,
-else ``inconclusive``).
+else ``inconclusive``), and whether that CI lies within 0.98-1.02 (``equivalent``).
 If ``vllm bench serve`` cannot run offline here, it is dropped (the reason is printed) and ``minimal`` becomes
 the reference; a later failure is recorded as a failed run.
 
@@ -181,7 +182,7 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
             n = fidelity.requests_for(batch, len(prompts_all), args.requests)
             prompts = prompts_all[:n]
             for repeat in range(args.repeats):
-                for client in list(clients):
+                for client in fidelity.turns(clients, repeat):
                     t = time.monotonic()
                     try:
                         res = run_client(client, srv, args, prompts, batch, fidelity.run_tag(client, batch, repeat))

@@ -425,3 +425,11 @@ def test_judge_fills_vllm_bench_windows_from_its_result_files(tmp_path: Path) ->
     assert [r["window_rps"] for r in bench] == [2.0, 2.0]
     batch = json.loads((tmp_path / "fidelity.json").read_text())["batches"][0]
     assert batch["ratio"] == pytest.approx(1.0)  # judged on the window now that the reference has it
+
+
+def test_clients_take_turns_going_first() -> None:
+    two = ["slmserve", "vllm-bench"]
+    assert [fidelity.turns(two, r) for r in range(3)] == [two, two[::-1], two]
+    three = ["slmserve", "vllm-bench", "minimal"]
+    assert [fidelity.turns(three, r)[0] for r in range(4)] == ["slmserve", "vllm-bench", "minimal", "slmserve"]
+    assert fidelity.turns([], 1) == []
