@@ -149,3 +149,17 @@ def test_energy_captions_state_the_window_and_name_short_ones(replication: pl.Da
     assert data.filter(pl.col("batch_size") < 10)["ok"].to_list() == [False] * 8
     assert chart.to_dict()["layer"][3]["transform"][-1] == {"filter": "datum.ok === false"}
     assert "8 of 19 points have a window shorter than 10 s" in cap and "OPT-1.3B b=8 (8.0 s)" in cap
+
+
+def test_a_latency_interval_below_zero_leaves_the_log_axis_intact() -> None:
+    """OPT-125M's paper sweep (2026-11-25): b=1 has n = 2 on two machines, mean latency 140.8 s with the 95%
+    CI [-1.6, 283.3]; drawn on the log axis, that one bar left Figure 1 without an x scale."""
+    rows = with_repeats(frame([run("opt125m", b) for b in (1, 2, 4)]), 2)
+    rows = rows.with_columns(latency_mean_s_ci_lo=pl.when(pl.col("batch_size") == 1).then(-1.6)
+                             .otherwise(pl.col("latency_mean_s_ci_lo")))  # fmt: skip
+    chart, cap = figures.throughput_latency(rows)
+    x_err = chart.to_dict()["layer"][4]
+    assert x_err["transform"] == [{"filter": "isValid(datum.latency_mean_s_ci_lo) && datum.latency_mean_s_ci_lo > 0"}]
+    assert "CI of mean latency reaches zero or below at OPT-125M b=1 (n = 2): the log axis cannot draw it" in cap
+    _, cap = figures.throughput_latency(with_repeats(frame([run("opt125m", b) for b in (1, 2)]), 2))
+    assert "reaches zero or below" not in cap

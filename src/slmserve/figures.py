@@ -506,15 +506,17 @@ def _tradeoff(
         lines = lines.encode(strokeDash=alt.StrokeDash(f"{shape}:N", legend=None))
         points = points.encode(shape=alt.Shape(f"{shape}:N", title=shape_title))
     labels = base.mark_text(dy=-9, fontSize=9).encode(text=f"{label}:Q")
-    layers = [lines, points, labels, *_tradeoff_ci(base, data, x_scale)]
+    layers = [lines, points, labels, *_tradeoff_ci(base, data, x_scale, log_x)]
     return alt.layer(*layers, *([no_data()] if data.is_empty() else [])).properties(title=title)
 
 
 X_LATENCY, Y_THROUGHPUT = "Mean end-to-end latency (s)", "Throughput (requests/s)"
 
 
-def _tradeoff_ci(base: alt.Chart, data: pl.DataFrame, x_scale: alt.Scale) -> list[alt.Chart]:
-    """Error bars of the 95% CIs: vertical on throughput, horizontal on latency, where the data has them."""
+def _tradeoff_ci(base: alt.Chart, data: pl.DataFrame, x_scale: alt.Scale, log_x: bool) -> list[alt.Chart]:
+    """Error bars of the 95% CIs: vertical on throughput, horizontal on latency, where the data has them. On a
+    log axis a latency interval reaching zero or below is left out (it would break the axis for every
+    point); :func:`log_ci_notes` names those points in the caption."""
     bars = []
     if "throughput_rps_ci_lo" in data.columns:
         y = alt.Y("throughput_rps_ci_lo:Q", title=Y_THROUGHPUT)
@@ -523,8 +525,20 @@ def _tradeoff_ci(base: alt.Chart, data: pl.DataFrame, x_scale: alt.Scale) -> lis
     if "latency_mean_s_ci_lo" in data.columns:
         x = alt.X("latency_mean_s_ci_lo:Q", title=X_LATENCY, scale=x_scale)
         rule = base.mark_rule(strokeWidth=1.5).encode(x=x, x2="latency_mean_s_ci_hi:Q")
-        bars.append(rule.transform_filter("isValid(datum.latency_mean_s_ci_lo)"))
+        positive = " && datum.latency_mean_s_ci_lo > 0" if log_x else ""
+        bars.append(rule.transform_filter(f"isValid(datum.latency_mean_s_ci_lo){positive}"))
     return bars
+
+
+def log_ci_notes(runs: pl.DataFrame, metric: str = "latency_mean_s") -> list[str]:
+    """The caption's line on the points whose ``metric`` CI reaches zero or below: not drawn on a log axis."""
+    col = f"{metric}_ci_lo"
+    low = runs.filter(pl.col(col) <= 0) if col in runs.columns else runs.clear()
+    if low.is_empty():
+        return []
+    which = ", ".join(f"{point_name(r)} (n = {r.get('n_repeats')})" for r in low.iter_rows(named=True))
+    return [f"The 95% CI of {METRIC_NAMES.get(metric, metric)} reaches zero or below at {which}: the log axis "
+            "cannot draw it, so no bar there (the interval is in the summary)."]  # fmt: skip
 
 
 # A panel of a batch-size figure: (panel title, y-axis title, {statistic: summary column}).
@@ -665,7 +679,7 @@ def throughput_latency(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
         data, title="Throughput and latency trade-off (Figure 1)", label="batch_size", order=order,
         shape="gpus", shape_title="GPUs",
     )  # fmt: skip
-    notes += point_notes(runs, TRADEOFF)
+    notes += [*point_notes(runs, TRADEOFF), *log_ci_notes(runs)]
     return chart, caption(summary, "Figure 1: throughput vs mean end-to-end latency, labels = batch size", notes)
 
 
@@ -680,7 +694,7 @@ def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
         "model", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
     )
     chart = _tradeoff(data, title="Families of similar size (Figure 2, left)", label="batch_size", order=order)
-    notes += point_notes(runs, TRADEOFF)
+    notes += [*point_notes(runs, TRADEOFF), *log_ci_notes(runs)]
     if "family" in summary.columns:
         missing = [f for f in PAPER_FAMILIES if f not in set(summary["family"].drop_nulls().to_list())]
         notes += [f"{f}: no run in this summary (in the paper's Figure 2, left)" for f in missing]
