@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the workflow (real Snakemake, real DAG) on an offline GPU host reached through short device calls:
 # the first call starts Snakemake in its own session so it outlives the call; every call then waits up to
-# WAIT_S seconds and packs what is finished into $OUT/results.tgz (outdir, logs, Snakemake's log).
+# WAIT_S seconds and packs what this machine finished into $OUT/results.tgz (outdir, logs, Snakemake's log).
 #
 #   bench/gpu_dag.sh CONFIGFILE WAIT_S [snakemake targets or options...] [+ CONFIGFILE [targets...]]...
 #   (GPUS=k sets --resources gpu=k; default: the GPUs nvidia-smi lists. Stages separated by "+" run one
@@ -64,6 +64,9 @@ while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$wait_s" ]; do slee
 kill -0 "$pid" 2>/dev/null && echo "RUNNING since $(cat .started)" || echo "FINISHED (started $(cat .started), now $(date -u +%FT%TZ))"
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 mapfile -t outdirs <.outdirs
-tar czf "$OUT/results.tgz" --exclude='*.tmp' --exclude='data' "${outdirs[@]}" logs snakemake.log .started 2>/dev/null
+# Only what this machine wrote (the resumed files keep their archive times): a small reply leaves the
+# machine idle for less time between calls, and two replies of 7-9 MB were followed by its loss.
+mapfile -t made < <(find "${outdirs[@]}" logs -type f -newer .started ! -name '*.tmp' ! -path '*/data/*' 2>/dev/null)
+tar czf "$OUT/results.tgz" "${made[@]}" snakemake.log .started 2>/dev/null
 ls -la "$OUT"
 grep -E "^\[|rule |Finished job|Error|error|exit" snakemake.log | tail -n 40
