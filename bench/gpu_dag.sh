@@ -64,8 +64,7 @@ while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$wait_s" ]; do slee
 kill -0 "$pid" 2>/dev/null && echo "RUNNING since $(cat .started)" || echo "FINISHED (started $(cat .started), now $(date -u +%FT%TZ))"
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 mapfile -t outdirs <.outdirs
-# Only what this machine wrote (the resumed files keep their archive times): a small reply leaves the
-# machine idle for less time between calls, and two replies of 7-9 MB were followed by its loss.
+# Only what this machine wrote (resumed files keep their archive times): a small reply shortens the idle gap.
 mapfile -t made < <(find "${outdirs[@]}" logs -type f -newer .started ! -name '*.tmp' ! -path '*/data/*' 2>/dev/null)
 tar czf "$OUT/results.tgz" "${made[@]}" snakemake.log .started 2>/dev/null
 ls -la "$OUT"
