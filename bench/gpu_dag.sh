@@ -31,7 +31,11 @@ pipt=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
 [ -d "$site/polars" ] || "${pipt[@]}" "$carry"/extra/*.whl || exit 3
 if [ ! -f "$wf/.pid" ]; then
   rm -rf "$wf" && mkdir -p "$wf"
-  git ls-files -z 2>/dev/null | xargs -0 -r cp --parents -t "$wf" || cp -a "$repo"/. "$wf"/
+  # The device's git index can predate the tree it was sent (2026-11-25: files removed since): copy what
+  # exists of the index, plus new files it does not know yet (--others), never the ignored ones.
+  git ls-files -z --cached --others --exclude-standard 2>/dev/null \
+    | while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done \
+    | xargs -0 -r cp --parents -t "$wf" || cp -a "$repo"/. "$wf"/
   [ -f "$wf/Snakefile" ] || cp -a "$repo"/. "$wf"/
   for p in ${FRESH:-}; do rm -rf "${wf:?}/$p" && echo "removed $p (FRESH)"; done
   : >"$wf/.outdirs"
