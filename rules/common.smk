@@ -3,7 +3,7 @@
 
 from pathlib import Path
 
-from slmserve.config import check, parse_rate
+from slmserve.config import check, model_workload, parse_rate
 from slmserve.layout import EXPERIMENTS, FIGURE_EXTS, FIGURES, WILDCARDS, Layout
 
 check(config, Path(workflow.basedir))
@@ -107,11 +107,13 @@ def advisor_probes(budget, models=None):
             if m in EXP["table1"]["models"]]
 
 
-def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=True):
+def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=True, requests=True):
     """Arguments of slmserve.runner.SweepJob; without the batch control (``batch_control=None``) for the jobs
-    it does not change (probes, replication), so that changing it reruns none of them."""
+    it does not change (probes, replication), so that changing it reruns none of them; likewise the model's
+    own request counts (``requests=False``) for the probes, which measure no requests."""
     entry = config["models"][model]
     eng, tel = config["engine"], config["telemetry"]
+    wl = model_workload(config, model) if requests else WL
     return {
         "model": model,
         "model_path": entry.get("weights") or entry["config"],
@@ -121,8 +123,8 @@ def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=T
         "input_len": WL["input_len"],
         "output_len": int(WL["output_len"] if out is None else out),
         "num_requests": WL["num_requests"],
-        "rounds_per_batch": WL["rounds_per_batch"],
-        "min_requests": WL["min_requests"],
+        "rounds_per_batch": wl["rounds_per_batch"],
+        "min_requests": wl["min_requests"],
         "arrival_rate": parse_rate(WL["arrival_rate"] if rate is None else rate),
         "warmup_requests": WL["warmup_requests"],
         "seed": config["dataset"]["seed"],

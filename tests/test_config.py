@@ -13,7 +13,7 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from slmserve.config import ConfigError, check, parse_rate, rate_label
+from slmserve.config import ConfigError, check, model_workload, parse_rate, rate_label
 from slmserve.layout import EXPERIMENTS, FIGURES
 from tests.conftest import ROOT, snakemake
 
@@ -75,6 +75,11 @@ def test_every_schema_key_has_description_and_default() -> None:
         ),
         (lambda c: c["workload"].__setitem__("input_len", 0), r"0 is less than the minimum of 1"),
         (lambda c: c.__setitem__("bogus", 1), r"Additional properties are not allowed \('bogus'"),
+        (
+            lambda c: c["models"]["opt13b"].__setitem__("workload", {"rounds": 8}),
+            r"Additional properties are not allowed \('rounds'",
+        ),
+        (lambda c: c["models"]["opt13b"].__setitem__("workload", {"min_requests": 0}), r"0 is less than the minimum"),
     ],
 )
 def test_schema_violations_name_key_and_allowed(cfg: dict, mutate, pattern: str) -> None:
@@ -98,6 +103,35 @@ def test_missing_model_config_folder(cfg: dict, tmp_path: Path) -> None:
         check(cfg, ROOT)
     cfg["models"]["opt125m"]["weights"] = "facebook/opt-125m"
     check(cfg, ROOT)  # real weights named: no config folder needed
+
+
+def test_a_models_own_request_counts_override_the_workload_and_nothing_else(cfg: dict) -> None:
+    from types import SimpleNamespace
+
+    from slmserve.runner import requests_for
+
+    cfg["workload"]["min_requests"] = 16
+    cfg["models"]["opt13b"]["workload"] = {"rounds_per_batch": 64}
+    validate(cfg, SCHEMA)  # fills defaults: none may stand in for a key the model's workload leaves out
+    big, small = model_workload(cfg, "opt13b"), model_workload(cfg, "opt1.3b")
+    assert (big["rounds_per_batch"], big["min_requests"], big["num_requests"]) == (64, 16, 500)
+    assert (small["rounds_per_batch"], small["min_requests"]) == (None, 16)
+    job = SimpleNamespace(**{k: big[k] for k in ("num_requests", "rounds_per_batch", "min_requests")})
+    assert [requests_for(job, b) for b in (1, 2, 4, 8, 512)] == [64, 128, 256, 500, 500]  # type: ignore[arg-type]
+
+
+def test_sweeps_take_a_models_request_counts_and_probes_keep_the_workloads(cfg: dict) -> None:
+    """rules/common.smk's job_params, evaluated as Snakemake does (plain Python with ``config``)."""
+    from types import SimpleNamespace
+
+    cfg["models"]["opt13b"]["workload"] = {"rounds_per_batch": 64}
+    validate(cfg, SCHEMA)
+    smk = {"config": cfg, "workflow": SimpleNamespace(basedir=str(ROOT))}
+    exec(compile((ROOT / "rules/common.smk").read_text(), "rules/common.smk", "exec"), smk)
+    assert smk["job_params"]("opt13b", batch_sizes=[1])["rounds_per_batch"] == 64
+    assert smk["job_params"]("opt1.3b", batch_sizes=[1])["rounds_per_batch"] is None
+    # a probe measures no requests: the model's counts would only make the params trigger rerun it
+    assert smk["job_params"]("opt13b", batch_control=None, requests=False)["rounds_per_batch"] is None
 
 
 def test_context_window_must_hold_workload(cfg: dict) -> None:

@@ -374,3 +374,17 @@ def test_every_figure_saves_and_is_json_safe(
         out = figures.save(chart, cap, tmp_path / name)
         assert out[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert out[3].read_text() == cap
+
+
+def test_caption_names_each_point_that_measured_fewer_requests(sweep: pl.DataFrame) -> None:
+    """A model's own rounds_per_batch (models.<name>.workload): its small batches are named with their counts."""
+    fewer = sweep.with_columns(
+        n_ok=pl.when((pl.col("model") == "opt1.3b") & (pl.col("batch_size") <= 2))
+        .then(pl.col("batch_size") * 64)
+        .otherwise(pl.col("n_ok"))
+    )
+    _, cap = figures.throughput_latency(fewer)
+    assert "Requests per point: 500, except OPT-1.3B b=1: 64; OPT-1.3B b=2: 128\n" in cap
+    everyone = sweep.with_columns(n_ok=pl.when(pl.col("batch_size") <= 2).then(16).otherwise(pl.col("n_ok")))
+    assert "Requests per point: 500, except b=1: 16; b=2: 16\n" in figures.throughput_latency(everyone)[1]
+    assert "Requests per point: 500\n" in figures.throughput_latency(sweep)[1]  # one count: as before

@@ -65,6 +65,11 @@ def _experiment_models(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
         yield "experiments.output_lengths.model", out.get("model", "")
 
 
+def model_workload(config: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """The workload of ``model``'s jobs: ``workload`` with the keys its ``models.<model>.workload`` sets."""
+    return {**config["workload"], **(config["models"][model].get("workload") or {})}
+
+
 def check(config: Mapping[str, Any], root: Path | None = None) -> None:
     """Raise :class:`ConfigError` for what the schema cannot check. ``root`` resolves relative paths."""
     root = root or Path.cwd()

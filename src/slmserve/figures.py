@@ -262,9 +262,27 @@ def _engine_line(summary: pl.DataFrame) -> list[str]:
 
 
 def _requests_line(summary: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
+    """Requests per point: the count most points measured, then each batch size that measured another
+    (workload.rounds_per_batch), by model where models differ there (a model's own, models.<name>.workload)."""
     if "n_ok" not in summary.columns:
         return []
-    return [f"Requests per point: {', '.join(map(str, values(ok, 'n_ok'))) or 'none'}"]
+    counts = values(ok, "n_ok")
+    if len(counts) < 2 or not {"model", "batch_size"} <= set(ok.columns):
+        return [f"Requests per point: {', '.join(map(str, counts)) or 'none'}"]
+    common = ok["n_ok"].drop_nulls().mode().max()
+    names = model_names(ok)
+    points = ok.select("model", "batch_size", "n_ok").drop_nulls().unique()
+    fewer = []
+    for (batch,), at in points.sort("batch_size").group_by("batch_size", maintain_order=True):
+        if at["n_ok"].n_unique() == 1:
+            if at["n_ok"][0] != common:
+                fewer.append(f"b={batch}: {at['n_ok'][0]}")
+            continue
+        fewer += [
+            f"{names.get(model, (model,))[0]} b={batch}: {n}"
+            for model, _, n in at.filter(pl.col("n_ok") != common).sort("model", "n_ok").iter_rows()
+        ]
+    return [f"Requests per point: {common}" + (f", except {'; '.join(fewer)}" if fewer else "")]
 
 
 def _workload_line(summary: pl.DataFrame) -> list[str]:
@@ -311,7 +329,8 @@ def _batch_notes(summary: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
         )
     if len(values(ok, "n_ok")) > 1:
         notes.append(
-            "Small batches measured fewer requests (workload.rounds_per_batch), as listed above. With every "
+            "Small batches measured fewer requests (workload.rounds_per_batch or the model's own), as listed "
+            "above. With every "
             "request sent at once, mean latency includes the wait for a batch slot (about half of requests/batch "
             "rounds), so at those points it is lower than with the paper's 500 requests; throughput is not affected."
         )
