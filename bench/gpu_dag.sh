@@ -12,8 +12,9 @@
 #
 # Needs, carried in .gpu-carry/: snake/ (Snakemake and its wheels that the image lacks), extra/ (polars wheels
 # and the prepared prompts parquet); the vLLM wheel set installed by ../shared/gpu/install-wheelhouse.sh in
-# /tmp/vllm-site. Optional .gpu-carry/resume.tgz: results of an earlier machine, unpacked before the start so
-# the DAG resumes from them. Set SLMSERVE_GIT_SHA to the commit the tree was sent from (no .git travels).
+# /tmp/vllm-site. The DAG resumes from the tree's committed results; optional .gpu-carry/resume.tgz: results
+# not committed yet, unpacked over them. Set SLMSERVE_GIT_SHA to the commit the tree was sent from (the .git
+# there, if any, need not be current).
 set -uo pipefail
 cfg=${1:?config file}; wait_s=${2:?seconds to wait}; shift 2
 repo=$PWD; wf=/tmp/wf; site=/tmp/site; carry=${GPU_CARRY:-$repo/.gpu-carry}
