@@ -35,7 +35,7 @@ if [ ! -f "$wf/.pid" ]; then
   # The device's git index can predate the tree it was sent (2026-11-25: files removed since): copy what
   # exists of the index, plus new files it does not know yet (--others), never the ignored ones.
   git ls-files -z --cached --others --exclude-standard 2>/dev/null \
-    | while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done \
+    | while IFS= read -r -d '' f; do if [ -f "$f" ]; then printf '%s\0' "$f"; fi; done \
     | xargs -0 -r cp --parents -t "$wf" || cp -a "$repo"/. "$wf"/
   [ -f "$wf/Snakefile" ] || cp -a "$repo"/. "$wf"/
   for p in ${FRESH:-}; do rm -rf "${wf:?}/$p" && echo "removed $p (FRESH)"; done

@@ -63,7 +63,7 @@ done
 # The committed results travel with the tree (gpu_dag.sh resumes from them), so no resume.tgz: carrying them
 # twice made every part 9 MiB smaller (2026-11-25: 26 calls for what fits 19). One left over would be stale.
 rm -f .gpu-carry/resume.tgz
-tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
 mib=${1:-$(( (64 * 1048576 - tree - 1048576) / 1048576 ))}
 bash bench/gpu_payload.sh pack "$mib"
 echo "gpu_prepare: tree $((tree / 1048576)) MiB + parts of $mib MiB per call;" \

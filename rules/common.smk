@@ -110,7 +110,8 @@ def advisor_probes(budget, models=None):
 def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=True, requests=True):
     """Arguments of slmserve.runner.SweepJob; without the batch control (``batch_control=None``) for the jobs
     it does not change (probes, replication), so that changing it reruns none of them; likewise the model's
-    own request counts (``requests=False``) for the probes, which measure no requests."""
+    own request counts (``requests=False``) for the jobs whose counts do not depend on the batch (probes,
+    replication, calibration, which must be the same point on every machine)."""
     entry = config["models"][model]
     eng, tel = config["engine"], config["telemetry"]
     wl = model_workload(config, model) if requests else WL
@@ -149,7 +150,7 @@ def sweep_job(wildcards):
 def calibration_job(wildcards):
     """One point: the model at the calibration batch on one GPU, with the calibration's repeats; the whole
     GPU's share even where the profile emulates a smaller GPU, so that every machine's point is the same."""
-    job = job_params(wildcards.model, batch_sizes=[CAL["batch_size"]])
+    job = job_params(wildcards.model, batch_sizes=[CAL["batch_size"]], requests=False)
     return {**job, "repeats": CAL["repeats"], "repeat_budget_s": None, "memory_budget_gb": None}
 
 

@@ -79,7 +79,7 @@ rule replication:
         requests=L.path("replication"),
         telemetry=L.path("replication_telemetry"),
     params:
-        job=lambda w: job_params(w.model, batch_control=None),
+        job=lambda w: job_params(w.model, batch_control=None, requests=False),
         prompts=PROMPTS,
     resources:
         gpu=1,
@@ -103,7 +103,7 @@ rule replication_plan:
         requests=L.path("plan"),
         telemetry=L.path("plan_telemetry"),
     params:
-        job=lambda w: job_params(w.model, batch_control=None),
+        job=lambda w: job_params(w.model, batch_control=None, requests=False),
         prompts=PROMPTS,
         models=config["models"],
         advisor=EXP["advisor"],

@@ -262,27 +262,27 @@ def _engine_line(summary: pl.DataFrame) -> list[str]:
 
 
 def _requests_line(summary: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
-    """Requests per point: the count most points measured, then each batch size that measured another
+    """Requests per point: the largest count (num_requests), then each batch size that measured fewer
     (workload.rounds_per_batch), by model where models differ there (a model's own, models.<name>.workload)."""
     if "n_ok" not in summary.columns:
         return []
     counts = values(ok, "n_ok")
     if len(counts) < 2 or not {"model", "batch_size"} <= set(ok.columns):
         return [f"Requests per point: {', '.join(map(str, counts)) or 'none'}"]
-    common = ok["n_ok"].drop_nulls().mode().max()
+    full = counts[-1]
     names = model_names(ok)
     points = ok.select("model", "batch_size", "n_ok").drop_nulls().unique()
     fewer = []
     for (batch,), at in points.sort("batch_size").group_by("batch_size", maintain_order=True):
         if at["n_ok"].n_unique() == 1:
-            if at["n_ok"][0] != common:
+            if at["n_ok"][0] != full:
                 fewer.append(f"b={batch}: {at['n_ok'][0]}")
             continue
         fewer += [
             f"{names.get(model, (model,))[0]} b={batch}: {n}"
-            for model, _, n in at.filter(pl.col("n_ok") != common).sort("model", "n_ok").iter_rows()
+            for model, _, n in at.filter(pl.col("n_ok") != full).sort("model", "n_ok").iter_rows()
         ]
-    return [f"Requests per point: {common}" + (f", except {'; '.join(fewer)}" if fewer else "")]
+    return [f"Requests per point: {full}" + (f", except {'; '.join(fewer)}" if fewer else "")]
 
 
 def _workload_line(summary: pl.DataFrame) -> list[str]:
