@@ -61,7 +61,7 @@ PY
 done
 
 # The committed results travel with the tree (gpu_dag.sh resumes from them), so no resume.tgz: carrying them
-# twice made every part 9 MiB smaller (2026-11-25: 26 calls for what fits 19). One left over would be stale.
+# twice made every part 9 MiB smaller (2026-11-25: 26 calls for what fits 18). One left over would be stale.
 rm -f .gpu-carry/resume.tgz
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
 mib=${1:-$(( (64 * 1048576 - tree - 1048576) / 1048576 ))}

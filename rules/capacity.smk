@@ -6,7 +6,7 @@ rule kv_probe:
     output:
         L.capacity(),
     params:
-        job=lambda w: job_params(w.model, batch_control=None, requests=False),
+        job=lambda w: job_params(w.model, batch_control=None),
         budget=lambda w: None if w.budget == "whole" else float(w.budget.removesuffix("gb")),
     resources:
         gpu=1,

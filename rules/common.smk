@@ -107,11 +107,12 @@ def advisor_probes(budget, models=None):
             if m in EXP["table1"]["models"]]
 
 
-def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=True, requests=True):
+def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=True, requests=False):
     """Arguments of slmserve.runner.SweepJob; without the batch control (``batch_control=None``) for the jobs
-    it does not change (probes, replication), so that changing it reruns none of them; likewise the model's
-    own request counts (``requests=False``) for the jobs whose counts do not depend on the batch (probes,
-    replication, calibration, which must be the same point on every machine)."""
+    it does not change (probes, replication), so that changing it reruns none of them. The model's own
+    request counts (models.<name>.workload) only with ``requests=True``: for the jobs whose counts depend on
+    the batch (sweeps, output lengths); the others (probes, replication, calibration, which must be the same
+    point on every machine) keep the workload's, and their params do not change with it."""
     entry = config["models"][model]
     eng, tel = config["engine"], config["telemetry"]
     wl = model_workload(config, model) if requests else WL
@@ -144,13 +145,14 @@ def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=T
 
 
 def sweep_job(wildcards):
-    return job_params(wildcards.model, wildcards.tp, wildcards.out, wildcards.rate, SWEEP["batch_sizes"])
+    w = wildcards
+    return job_params(w.model, w.tp, w.out, w.rate, SWEEP["batch_sizes"], requests=True)
 
 
 def calibration_job(wildcards):
     """One point: the model at the calibration batch on one GPU, with the calibration's repeats; the whole
     GPU's share even where the profile emulates a smaller GPU, so that every machine's point is the same."""
-    job = job_params(wildcards.model, batch_sizes=[CAL["batch_size"]], requests=False)
+    job = job_params(wildcards.model, batch_sizes=[CAL["batch_size"]])
     return {**job, "repeats": CAL["repeats"], "repeat_budget_s": None, "memory_budget_gb": None}
 
 

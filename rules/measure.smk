@@ -57,7 +57,7 @@ rule output_lengths:
         requests=points(),
         telemetry=points("point_telemetry"),
     params:
-        job=lambda w: job_params(w.model, batch_control=None),
+        job=lambda w: job_params(w.model, batch_control=None, requests=True),
         prompts=PROMPTS,
         points=[(o, parse_rate(r)) for o in OUTLEN["output_lens"] for r in OUTLEN["arrival_rates"]],
     resources:
@@ -79,7 +79,7 @@ rule replication:
         requests=L.path("replication"),
         telemetry=L.path("replication_telemetry"),
     params:
-        job=lambda w: job_params(w.model, batch_control=None, requests=False),
+        job=lambda w: job_params(w.model, batch_control=None),
         prompts=PROMPTS,
     resources:
         gpu=1,
@@ -103,7 +103,7 @@ rule replication_plan:
         requests=L.path("plan"),
         telemetry=L.path("plan_telemetry"),
     params:
-        job=lambda w: job_params(w.model, batch_control=None, requests=False),
+        job=lambda w: job_params(w.model, batch_control=None),
         prompts=PROMPTS,
         models=config["models"],
         advisor=EXP["advisor"],

@@ -128,8 +128,8 @@ def test_sweeps_take_a_models_request_counts_and_probes_keep_the_workloads(cfg: 
     validate(cfg, SCHEMA)
     smk = {"config": cfg, "workflow": SimpleNamespace(basedir=str(ROOT))}
     exec(compile((ROOT / "rules/common.smk").read_text(), "rules/common.smk", "exec"), smk)
-    assert smk["job_params"]("opt13b", batch_sizes=[1])["rounds_per_batch"] == 64
-    assert smk["job_params"]("opt1.3b", batch_sizes=[1])["rounds_per_batch"] is None
+    assert smk["job_params"]("opt13b", batch_sizes=[1], requests=True)["rounds_per_batch"] == 64
+    assert smk["job_params"]("opt1.3b", batch_sizes=[1], requests=True)["rounds_per_batch"] is None
     # a probe measures no requests: the model's counts would only make the params trigger rerun it
     assert smk["job_params"]("opt13b", batch_control=None, requests=False)["rounds_per_batch"] is None
 

@@ -330,9 +330,9 @@ def _batch_notes(summary: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
     if len(values(ok, "n_ok")) > 1:
         notes.append(
             "Small batches measured fewer requests (workload.rounds_per_batch or the model's own), as listed "
-            "above. With every "
-            "request sent at once, mean latency includes the wait for a batch slot (about half of requests/batch "
-            "rounds), so at those points it is lower than with the paper's 500 requests; throughput is not affected."
+            "above. With every request sent at once, mean latency includes the wait for a batch slot (about half "
+            "of requests/batch rounds), so at those points it is lower than with the paper's 500 requests; "
+            "throughput is not affected."
         )
     return notes
 
