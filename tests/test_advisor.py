@@ -197,6 +197,7 @@ def test_quick_results(quick: tuple, tmp_path: Path) -> None:
     assert r["kv_analytic_gb"] == pytest.approx(256 * 768 * 196_608 / 1e9)  # 38.65 GB
     assert r["freed_frac"] == pytest.approx(1 - 256 * 768 / 373_008) and r["replicas_fit"] == 1
     assert r["note"] is None and _one(frame, "opt125m")["note"] == advisor.EDGE_NOTE  # 125M's plateau at 512
+    assert _one(frame, "opt2.7b")["note"] == advisor.FITS_NOTE.format(batch=512)  # b=512 is infeasible
     assert _one(frame, "opt125m")["replicas_fit"] == 10
     # 90% of the plateau: OPT-1.3B and 2.7B need half the batch
     lower = advisor.advise(summary, configs, whole, budget, Settings(fraction=0.9), models)

@@ -163,3 +163,9 @@ def test_a_latency_interval_below_zero_leaves_the_log_axis_intact() -> None:
     assert "CI of mean latency reaches zero or below at OPT-125M b=1 (n = 2): the log axis cannot draw it" in cap
     _, cap = figures.throughput_latency(with_repeats(frame([run("opt125m", b) for b in (1, 2)]), 2))
     assert "reaches zero or below" not in cap
+
+
+def test_preemption_means_are_rounded_to_one_decimal() -> None:
+    runs = pl.DataFrame({"model": ["a", "b", "c"], "preemptions": [209 / 3, 118.0, 0.0]})
+    note = figures._preemption_note(runs, name=lambda r: r["model"])
+    assert note == "Preemptions (vLLM's counter, mean over repeats) at 2 of 3 plotted points: a: 69.7; b: 118."

@@ -16,9 +16,10 @@ workload: arrival rate inf and the longest output length, as :func:`slmserve.fig
 - eligible points = those points with ``<latency_column> <= latency_bound_s`` (all of them when the bound
   is null). The plateau is taken over all points, the bound does not lower it.
 - ``chosen_batch`` = the smallest batch among the eligible points with ``throughput_rps >= target_rps``;
-  null when none is (``note`` says why; it also says when the plateau is at the largest measured batch,
-  where throughput may still rise). ``chosen_rps``, ``chosen_ci_lo/hi``, ``chosen_latency_s`` (the
-  value of ``latency_column``) and ``chosen_preemptions`` are that point's.
+  null when none is (``note`` says why; it also says when the plateau is at the largest measured batch:
+  where throughput may still rise, or, when a larger batch of the sweep is infeasible, the largest that
+  fits). ``chosen_rps``, ``chosen_ci_lo/hi``, ``chosen_latency_s`` (the value of ``latency_column``) and
+  ``chosen_preemptions`` are that point's.
 - ``choice_uncertain``: true when the CIs overlap the target: the chosen batch's ``ci_lo`` is below
   ``fraction x plateau_ci_hi`` (it may fall short), or an eligible smaller batch's ``ci_hi`` reaches
   ``fraction x plateau_ci_lo`` (it may qualify too); false when every one of those CIs is known and
@@ -71,6 +72,7 @@ LATENCY_COLUMNS = ("latency_mean_s", "latency_p50_s", "latency_p99_s", "ttft_mea
                    "tpot_mean_s")  # fmt: skip
 _MISSING = "–"
 EDGE_NOTE = "plateau at the largest measured batch: throughput may still rise beyond it"
+FITS_NOTE = "plateau at the largest batch that fits: b={batch} does not fit the KV cache"
 _F, _I, _S = pl.Float64(), pl.Int64(), pl.String()
 # The columns of :func:`advise`, each defined in the module docstring.
 SCHEMA: dict[str, pl.DataType] = {
@@ -113,13 +115,14 @@ def check_columns(summary: pl.DataFrame, settings: Settings, source: str = "summ
         )
 
 
-def sweep_points(summary: pl.DataFrame, settings: Settings) -> pl.DataFrame:
-    """The points the advisor chooses from: measured, one GPU, all-at-once workload; the optional columns
-    filled with nulls where absent."""
+def sweep_points(summary: pl.DataFrame, settings: Settings, status: str = "ok") -> pl.DataFrame:
+    """The points the advisor chooses from: measured (``status``), one GPU, all-at-once workload; the
+    optional columns filled with nulls where absent."""
     check_columns(summary, settings)
     fill = [pl.lit(None, pl.Float64).alias(c) for c in OPTIONAL if c not in summary.columns]
-    runs = summary.with_columns(fill).filter((pl.col("status") == "ok") & (pl.col("tp") == 1))
-    runs = runs.filter(pl.col("throughput_rps").is_not_null() & pl.col("throughput_rps").is_finite())
+    runs = summary.with_columns(fill).filter((pl.col("status") == status) & (pl.col("tp") == 1))
+    if status == "ok":
+        runs = runs.filter(pl.col("throughput_rps").is_not_null() & pl.col("throughput_rps").is_finite())
     runs, _ = main_workload(runs)
     return runs.sort("model", "batch_size")
 
@@ -140,8 +143,9 @@ def uncertain(chosen: Mapping[str, Any], smaller: Sequence[Mapping[str, Any]], p
     return c_lo < fraction * hi or any(h >= fraction * lo for h in s_hi)  # type: ignore[operator]
 
 
-def choose(points: pl.DataFrame, settings: Settings) -> dict[str, Any]:
-    """The plateau and the chosen batch of one model's points (:func:`sweep_points`)."""
+def choose(points: pl.DataFrame, settings: Settings, infeasible: Sequence[int] = ()) -> dict[str, Any]:
+    """The plateau and the chosen batch of one model's points (:func:`sweep_points`); ``infeasible``: the
+    batch sizes of its sweep that do not fit the KV cache."""
     if points.is_empty():
         return {"note": "no measured one-GPU point"}
     plateau = points.sort("throughput_rps", "batch_size", descending=[True, False]).row(0, named=True)
@@ -153,7 +157,10 @@ def choose(points: pl.DataFrame, settings: Settings) -> dict[str, Any]:
         "plateau_ci_lo": _ci(plateau, "lo"), "plateau_ci_hi": _ci(plateau, "hi"), "target_rps": target,
         "input_len": plateau["input_len"], "output_len": plateau["output_len"],
     }  # fmt: skip
-    edge = [EDGE_NOTE] if plateau["batch_size"] == points["batch_size"].max() else []
+    edge = []
+    if plateau["batch_size"] == points["batch_size"].max():
+        larger = [b for b in infeasible if b > plateau["batch_size"]]
+        edge = [FITS_NOTE.format(batch=min(larger)) if larger else EDGE_NOTE]
     hits = eligible.filter(pl.col("throughput_rps") >= target)
     if hits.is_empty():
         bound = settings.bound_text()
@@ -243,10 +250,11 @@ def advise(
     the chosen batch (:func:`memory`; ``model_configs``: model -> its HF config; ``whole``/``budget``:
     model -> probe). A model without a measured point gets a row with its ``note`` only."""
     settings = settings or Settings()
-    points = sweep_points(summary, settings)
+    points, infeasible = sweep_points(summary, settings), sweep_points(summary, settings, "infeasible")
     rows = []
     for model in dict.fromkeys([*models, *summary["model"].drop_nulls().to_list()]):
-        row: dict[str, Any] = {"model": model, **choose(points.filter(pl.col("model") == model), settings)}
+        too_large = infeasible.filter(pl.col("model") == model)["batch_size"].to_list()
+        row: dict[str, Any] = {"model": model, **choose(points.filter(pl.col("model") == model), settings, too_large)}
         if row.get("plateau_rps") is not None and model in model_configs:
             gpu = gpu_memory_bytes((budget or {}).get(model))
             row.update(memory(model_configs[model], whole.get(model), row.get("chosen_batch"), row["input_len"],
