@@ -114,6 +114,16 @@ def test_uncertain_when_the_cis_straddle_the_target() -> None:
     assert row(28.0, 32.0)["choice_uncertain"] is True  # batch 4 may fall short of the target
     s = _summary([("m", 2, 29.0, 27.0, 31.0, 1.0), ("m", 4, 30.0, 29.9, 30.1, 2.0), ("m", 8, 31.0, 30.9, 31.1, 3.0)])
     assert _one(advisor.advise(s, {}, {}))["choice_uncertain"] is True  # batch 2 may reach it too
+    # one repeat at batch 1 (no CI) leaves the verdict open only where no known CI decides it
+    b1 = ("m", 1, 10.0, None, None, 0.5)
+    s = _summary(
+        [b1, ("m", 2, 20.0, 19.0, 21.0, 1.0), ("m", 4, 30.0, 28.0, 32.0, 2.0), ("m", 8, 31.0, 30.5, 31.5, 3.0)]
+    )
+    assert _one(advisor.advise(s, {}, {}))["choice_uncertain"] is True  # batch 4 may fall short
+    s = _summary(
+        [b1, ("m", 2, 20.0, 19.0, 21.0, 1.0), ("m", 4, 30.0, 30.0, 30.4, 2.0), ("m", 8, 31.0, 30.5, 31.5, 3.0)]
+    )
+    assert _one(advisor.advise(s, {}, {}))["choice_uncertain"] is None  # batch 1 might qualify: unknown
 
 
 def test_settings_and_schema_agree() -> None:

@@ -22,8 +22,9 @@ workload: arrival rate inf and the longest output length, as :func:`slmserve.fig
   ``chosen_preemptions`` are that point's.
 - ``choice_uncertain``: true when the CIs overlap the target: the chosen batch's ``ci_lo`` is below
   ``fraction x plateau_ci_hi`` (it may fall short), or an eligible smaller batch's ``ci_hi`` reaches
-  ``fraction x plateau_ci_lo`` (it may qualify too); false when every one of those CIs is known and
-  neither holds; null when one is missing (one repeat).
+  ``fraction x plateau_ci_lo`` (it may qualify too), whether or not another CI is missing; false when
+  every one of those CIs is known and neither holds; null when neither holds and one is missing (one
+  repeat).
 
 Memory (``B`` = chosen batch, ``I``/``O`` = the point's prompt/output tokens; GB = 10^9 bytes):
 
@@ -134,13 +135,15 @@ def _ci(row: Mapping[str, Any] | None, end: str) -> float | None:
 
 def uncertain(chosen: Mapping[str, Any], smaller: Sequence[Mapping[str, Any]], plateau: Mapping[str, Any],
               fraction: float) -> bool | None:  # fmt: skip
-    """``choice_uncertain`` of the module docstring."""
+    """``choice_uncertain`` of the module docstring: a three-valued "or" of its conditions, each null where
+    a CI it reads is missing."""
     lo, hi = _ci(plateau, "lo"), _ci(plateau, "hi")
     c_lo = _ci(chosen, "lo")
-    s_hi = [_ci(r, "hi") for r in smaller]
-    if lo is None or hi is None or c_lo is None or None in s_hi:
-        return None
-    return c_lo < fraction * hi or any(h >= fraction * lo for h in s_hi)  # type: ignore[operator]
+    holds = [None if c_lo is None or hi is None else c_lo < fraction * hi]
+    holds += [None if h is None or lo is None else h >= fraction * lo for h in (_ci(r, "hi") for r in smaller)]
+    if any(holds):
+        return True
+    return None if None in holds else False
 
 
 def choose(points: pl.DataFrame, settings: Settings, infeasible: Sequence[int] = ()) -> dict[str, Any]:
