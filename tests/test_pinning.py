@@ -49,10 +49,13 @@ def server_tree():
                             env={**os.environ, "NAME": "VLLM::EngineCore"})  # fmt: skip
     import psutil
 
-    for _ in range(200):  # until the subshell has exec'd into the named child
-        if any(pinning.is_engine_core(c) for c in psutil.Process(proc.pid).children()):
+    for _ in range(200):  # until both children run: the subshell exec'd into the named one, and the other sleep
+        children = psutil.Process(proc.pid).children()
+        if len(children) == 2 and any(pinning.is_engine_core(c) for c in children):
             break
         time.sleep(0.05)
+    else:
+        pytest.fail(f"the stand-in server's children did not start: {children}")
     own = os.sched_getaffinity(0)
     yield proc
     os.sched_setaffinity(0, own)
