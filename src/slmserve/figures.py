@@ -453,7 +453,7 @@ def _preemption_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str
     hit = runs.filter(pl.col("preemptions").fill_null(0) > 0)
     if hit.is_empty():
         return "Preemptions (vLLM's counter, mean over repeats): none at any plotted point."
-    # a mean over repeats, e.g. 209/3: one decimal, as the counter's unit is a whole preemption
+    # a mean over repeats (e.g. 209/3): one decimal tells apart what a count can differ by
     each = "; ".join(f"{name(r)}: {round(r['preemptions'], 1):g}" for r in hit.iter_rows(named=True))
     return f"Preemptions (vLLM's counter, mean over repeats) at {hit.height} of {runs.height} plotted points: {each}."
 
