@@ -363,17 +363,25 @@ def test_every_profile_leaves_out_the_script_mtime_code_trigger() -> None:
 
 
 def test_dry_run_quick_tp_profile(tmp_path: Path) -> None:
-    """The 4-GPU quick set: OPT-125M and OPT-13B on 1, 2 and 4 GPUs, one job (one server) each."""
-    out = snakemake("all", "-n", "--cores", "8", "--resources", "gpu=4", "--configfile", "config/quick-tp.yaml",
+    """The 4-GPU host's set: four models on 1, 2 and 4 GPUs, batch 1..512, one job (one server) each with the
+    batch capped in the scheduler, this machine's calibration point first; a job declares its GPU count."""
+    out = snakemake("all", "-n", "--cores", "16", "--resources", "gpu=4", "--configfile", "config/quick-tp.yaml",
                     "--config", f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     counts = _job_counts(out.stdout)
-    assert counts["sweep"] == 6 and "kv_probe" not in counts and "replication" not in counts
+    assert counts["sweep"] == 12 and counts["calibration"] == 2 and "kv_probe" not in counts
+    assert "replication" not in counts and "output_lengths" not in counts
     assert counts["advisor"] == 1  # no Table 1 probes: the advisor's analytic memory figures only
-    for model in ("opt125m", "opt13b"):
+    for model in ("opt125m", "opt1.3b", "opt6.7b", "opt13b"):
         for tp in (1, 2, 4):
             assert f"wildcards: model={model}, tp={tp}, out=256, rate=inf" in out.stdout
-    assert re.search(r"sweep:\n(.*\n)*?\s+resources: .*gpu=4", out.stdout)
+    gpus = {m[1]: m[2] for m in re.finditer(r"wildcards: model=(\S+, tp=\d), .*\n(?:.*\n)*?\s+resources: .*gpu=(\d)",
+                                             out.stdout)}  # fmt: skip
+    assert {gpus[f"opt13b, tp={tp}"] for tp in (1, 2, 4)} == {"1", "2", "4"}
+    assert re.search(r"bs1\.requests\.parquet", out.stdout) and re.search(r"bs512\.requests\.parquet", out.stdout)
+    tp = yaml.safe_load((ROOT / "config/quick-tp.yaml").read_text())
+    paper = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    assert "engine" not in tp and paper["engine"]["batch_control"] == "scheduler"  # the paper's cap, inherited
 
 
 def test_dry_run_a100_budget_replication_profile(tmp_path: Path) -> None:

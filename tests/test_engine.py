@@ -191,7 +191,7 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def start_job(tmp_path: Path, prompts: Path, **kw: object) -> tuple[subprocess.Popen[str], Path, dict]:
+def start_job(tmp_path: Path, prompts: Path, pool: str = "0", **kw: object) -> tuple[subprocess.Popen[str], Path, dict]:
     spec = {
         "model": "opt125m", "model_path": str(ROOT / "config/models/opt-125m"), "load_format": "dummy",
         "tensor_parallel": 1, "batch_sizes": [1], "prompts_path": str(prompts), "input_len": 128,
@@ -199,7 +199,7 @@ def start_job(tmp_path: Path, prompts: Path, **kw: object) -> tuple[subprocess.P
         "cpu_kv_cache_gb": 1, "startup_timeout_s": 600, "out": str(tmp_path / "run"), "batch_control": "client",
     }  # fmt: skip
     spec.update(kw)
-    env = {**os.environ, "SLMSERVE_GPU_POOL": "0", "SLMSERVE_LOCK_DIR": str(tmp_path / "locks")}
+    env = {**os.environ, "SLMSERVE_GPU_POOL": pool, "SLMSERVE_LOCK_DIR": str(tmp_path / "locks")}
     log = tmp_path / "job.log"
     proc = subprocess.Popen(
         [sys.executable, "-c", JOB, json.dumps(spec)],
@@ -342,6 +342,27 @@ def test_scheduler_caps_the_batch_on_one_server_with_interleaved_repeats(tmp_pat
     server_log = (Path(spec["out"]) / "logs/server-all.log").read_text()
     assert "--scheduler-cls slmserve.vllm_scheduler." in server_log
     assert [int(m) for m in re.findall(r"slmserve batch cap (\d+)", server_log)][:3] == [1, 2, 4]
+
+
+def test_tensor_parallel_two_ranks_on_the_cpu_engine(tmp_path: Path, prompts: Path) -> None:
+    """tensor_parallel 2 through the sweep job on the real engine with no GPU: two worker ranks, each bound to
+    cores of its own (recorded with the run), the batch capped in the scheduler, every request completed."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("tensor_parallel 2 on the CPU engine needs 2 cores")
+    proc, log, spec = start_job(tmp_path, prompts, pool="", tensor_parallel=2, batch_sizes=[1, 4],
+                                batch_control="scheduler", num_requests=8, output_len=16)  # fmt: skip
+    assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    for b in (1, 4):
+        path = Path(spec["out"]) / f"bs{b}.requests.parquet"
+        meta, req = io.read_meta(path), pl.read_parquet(path)
+        assert meta["status"] == "ok" and meta["run"]["tensor_parallel"] == 2
+        assert req.height == 8 and (req["completion_tokens"] == 16).all()
+        bind = meta["run"]["extra"]["cpu_threads_bind"]
+        assert len(bind.split("|")) == 2
+    server_log = (Path(spec["out"]) / "logs/server-all.log").read_text()
+    assert "--tensor-parallel-size 2" in server_log and "local_world_size=2" in server_log
+    for rank, cpus in enumerate(bind.split("|")):  # vLLM bound each rank where the job said
+        assert f"local_rank={rank}, core ids=[{', '.join(cpus.split(','))}]" in server_log
 
 
 # --- the families of Figure 2 (left): their architectures through the real engine -------------------

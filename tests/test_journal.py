@@ -21,12 +21,12 @@ def _job(tmp_path: Path, **kw: object) -> runner.SweepJob:
     return runner.SweepJob(**fields)
 
 
-def _points(tmp_path: Path, job: runner.SweepJob) -> list[runner.Point]:
+def _points(tmp_path: Path, job: runner.SweepJob, host: str = "here") -> list[runner.Point]:
     pts = []
     for b in job.batch_sizes:
         paths = (tmp_path / f"bs{b}.requests.parquet", tmp_path / f"bs{b}.telemetry.parquet")
         p = runner.Point(b, job, paths)
-        p.head = {"run": p.meta_run(), "provenance": {"host": "here"}, "gpu_ids": []}
+        p.head = {"run": p.meta_run(), "provenance": {"host": host, "batch": b}, "gpu_ids": []}
         pts.append(p)
     return pts
 
@@ -63,7 +63,7 @@ def test_a_stopped_job_resumes_with_only_its_missing_repeats(tmp_path: Path) -> 
     job = _job(tmp_path)
     first = StandInMeasurer(stop_after=3)  # pass 1: bs1, bs8; pass 2: bs1, then stopped
     with pytest.raises(KeyboardInterrupt):
-        runner.measure_points(_points(tmp_path, job), first, 3, None, Journal("machine-a", {"host": "a"}))
+        runner.measure_points(_points(tmp_path, job, "a"), first, 3, None, Journal("machine-a", {"host": "a"}))
     assert first.calls == [1, 8, 1]
     assert not list(tmp_path.glob("*.parquet"))  # nothing that looks done
     saved = sorted(p.name for p in (tmp_path / journal.DIR).iterdir())
@@ -71,17 +71,56 @@ def test_a_stopped_job_resumes_with_only_its_missing_repeats(tmp_path: Path) -> 
                      for kind in ("requests", "telemetry")]  # fmt: skip
 
     second = StandInMeasurer()
-    runner.measure_points(_points(tmp_path, job), second, 3, None, Journal("machine-b", {"host": "b"}))
+    runner.measure_points(_points(tmp_path, job, "b"), second, 3, None, Journal("machine-b", {"host": "b"}))
     assert second.calls == [1, 8, 8]  # 3 of the 6 repeats, interleaved as before
     assert not (tmp_path / journal.DIR).exists()  # kept repeats are gone once the results are written
     meta = io.read_meta(tmp_path / "bs1.requests.parquet")
     reps = measure.repeats_of(meta)
     assert [r["machine"] for r in reps] == ["machine-a", "machine-a", "machine-b"]
     assert [r.get("resumed", False) for r in reps] == [True, True, False]
-    assert reps[0]["provenance"] == {"host": "a"} and meta["provenance"] == {"host": "here"}
+    assert reps[0]["provenance"] == {"host": "a", "batch": 1} and meta["provenance"] == {"host": "b", "batch": 1}
+    assert [r["wall_s"] for r in reps] == [1.0, 1.0, 1.0]  # what decided each repeat, kept with the result
+    reps8 = measure.repeats_of(io.read_meta(tmp_path / "bs8.requests.parquet"))
+    assert reps8[0]["provenance"] == {"host": "a", "batch": 8}  # each point's own provenance, not the first's
     req = pl.read_parquet(tmp_path / "bs1.requests.parquet")
     assert req["repeat"].to_list() == [0, 1, 2] and req["request_id"].to_list() == [101, 103, 101]
     assert pl.read_parquet(tmp_path / "bs1.telemetry.parquet")["repeat"].to_list() == [0, 1, 2]
+
+
+def test_repeats_of_another_gpu_model_or_engine_stop_the_job_and_stay(tmp_path: Path) -> None:
+    job = _job(tmp_path, batch_sizes=[1])
+    (p,) = _points(tmp_path, job)
+    h100 = {"gpu_models": ["NVIDIA H100 80GB HBM3"], "engine": "vllm", "engine_version": "0.26.0"}
+    Journal("m1", h100).save(p.paths, p.meta_run(), 0, stand_in_measurement(1, 0))
+    h200 = Journal("m2", {**h100, "gpu_models": ["NVIDIA H200"]})
+    with pytest.raises(journal.ResumeMismatch, match=r"gpu_models \['NVIDIA H100 80GB HBM3'\] there, "
+                                                     r"\['NVIDIA H200'\] here.*move .*\.partial away"):  # fmt: skip
+        h200.load(p.paths, p.meta_run())
+    assert journal.partial_paths(p.paths, 0)[0].exists()  # nothing deleted
+    newer = Journal("m2", {**h100, "engine_version": "0.27.0"})
+    with pytest.raises(journal.ResumeMismatch, match=r"engine_version '0.26.0' there, '0.27.0' here"):
+        newer.load(p.paths, p.meta_run())
+    assert len(Journal("m3", h100).load(p.paths, p.meta_run())) == 1  # another machine of the same kind resumes
+
+
+def test_saved_repeats_are_dropped_only_once_every_point_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job stopped while writing its results (Snakemake then deletes the outputs it wrote) keeps every
+    point's saved repeats."""
+    job = _job(tmp_path, repeats=1)
+    real, written = measure.write_point, []
+
+    def write_then_stop(paths, head, runs):  # the second point's write is cut off
+        if written:
+            raise KeyboardInterrupt("stopped while writing")
+        written.append(paths)
+        return real(paths, head, runs)
+
+    monkeypatch.setattr(runner, "write_point", write_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        runner.measure_points(_points(tmp_path, job), StandInMeasurer(), 1, None, Journal("m"))
+    assert written and all(journal.has_saved(p.paths) for p in _points(tmp_path, job))
 
 
 def test_repeats_of_other_settings_or_after_a_gap_are_not_resumed(tmp_path: Path) -> None:

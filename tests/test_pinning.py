@@ -42,6 +42,23 @@ def test_plan_takes_disjoint_cores_from_the_end() -> None:
         pinning.plan(cores, per_role=2)
 
 
+def test_cpu_engine_ranks_share_the_cores_or_take_a_numa_node_each(tmp_path: Path) -> None:
+    # One node, 4 physical cores with SMT siblings (cpu n and n + 4): one logical CPU per core, as vLLM does on x86
+    one = fake_sysfs(tmp_path / "one", {c: (0, c % 4) for c in range(8)})
+    assert pinning.cpu_engine_ranks(2, range(8), one) == "4,5|6,7"
+    assert pinning.cpu_engine_ranks(4, range(8), one) == "4|5|6|7"
+    assert pinning.cpu_engine_ranks(3, range(8), one) == "4|5|6"  # an equal share; the last core stays free
+    # Two nodes of 2 cores: a rank per node, even where an equal share would cut across them differently
+    two = fake_sysfs(tmp_path / "two", {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1), 4: (1, 2), 5: (1, 3)})
+    for cpu in range(6):
+        (two / f"cpu{cpu}" / f"node{0 if cpu < 2 else 1}").mkdir()
+    assert pinning.cpu_engine_ranks(2, range(6), two) == "0,1|2,3,4,5"
+    assert pinning.cpu_engine_ranks(3, range(6), two) == "0,1|2,3|4,5"  # 3 ranks, 2 nodes: an equal share
+    with pytest.raises(ValueError, match=r"tensor_parallel 4 on the CPU engine needs a physical core per rank; "
+                                         r"this process may use 2: .*VLLM_CPU_OMP_THREADS_BIND"):  # fmt: skip
+        pinning.cpu_engine_ranks(4, [0, 4, 1, 5], one)
+
+
 @pytest.fixture
 def server_tree():
     """A stand-in server: a shell (the 'API server') with a child whose command line names it VLLM::EngineCore."""

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from slmserve import analysis, dataset, figures, io, journal, runner
-from slmserve.server import UnsupportedError
+from slmserve.server import InfeasibleError, UnsupportedError
 from tests.conftest import ROOT
 
 
@@ -139,3 +139,86 @@ def test_a_models_engine_args_reach_the_server_the_record_and_the_caption(
     text = figures.caption(summary, "x")
     assert "MPT-7B: vLLM started with the extra arguments `--attention-backend TRITON_ATTN`" in text
     assert "OPT-6.7B: vLLM started with" not in text
+
+
+@pytest.mark.parametrize("engine", ["vllm-cpu", "vllm"])
+def test_tensor_parallel_without_gpus_binds_the_cpu_engines_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """No GPU visible: the CPU engine gets a core list per rank (recorded with the run, passed to the
+    server); a GPU engine is refused with the reason."""
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    monkeypatch.delenv(runner.CPU_BIND_ENV, raising=False)
+    monkeypatch.setattr(runner.provenance, "engine_info", lambda: {"engine": engine, "engine_version": "0"})
+    monkeypatch.setattr(runner.pinning, "cpu_engine_ranks", lambda tp: "|".join(map(str, range(tp))))
+    job = runner.SweepJob(
+        model="opt125m", model_path="config/models/opt-125m", load_format="dummy", tensor_parallel=2,
+        batch_sizes=[1], prompts_path=Path("-"), outputs={}, log_dir=tmp_path, input_len=4, output_len=4,
+        num_requests=1,
+    )  # fmt: skip
+    with runner.GpuSlots(2, label="test") as alloc:
+        if engine == "vllm":
+            with pytest.raises(runner.ServerError, match="tensor_parallel 2 needs GPUs; none are visible"):
+                runner._check_gpus(job, alloc)
+            return
+        runner._check_gpus(job, alloc)
+        spec = runner.server_spec(job, alloc, 8, "t")
+    assert job.extra["cpu_threads_bind"] == "0|1" and spec.env[runner.CPU_BIND_ENV] == "0|1"
+    assert spec.argv(8000)[spec.argv(8000).index("--tensor-parallel-size") + 1] == "2"
+    monkeypatch.setenv(runner.CPU_BIND_ENV, "0-3|4-7")  # the user's own binding wins and is recorded
+    runner._check_gpus(job, alloc)
+    assert job.extra["cpu_threads_bind"] == "0-3|4-7"
+
+
+class StandInSmallServer:
+    """Starts like VllmServer with a KV cache of 16 tokens (block size 16): no batch of the test fits it."""
+
+    kv_cache_tokens, block_size, startup_s = 16, 16, 0.0
+
+    def __init__(self, spec: object) -> None:
+        self.spec = spec
+
+    def __enter__(self) -> StandInSmallServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def info(self) -> dict:
+        return {"kv_cache_tokens": self.kv_cache_tokens}
+
+
+class StandInRefusingServer(StandInSmallServer):
+    """Fails like VllmServer when vLLM refuses the memory share (e.g. another process holds the GPU's memory)."""
+
+    def __enter__(self) -> StandInRefusingServer:
+        raise InfeasibleError("Free memory on device (20.1/79.2 GiB) on startup is less than desired GPU memory")
+
+
+@pytest.mark.parametrize("server", [StandInRefusingServer, StandInSmallServer])
+def test_a_point_with_saved_repeats_is_never_recorded_as_unmeasurable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: type
+) -> None:
+    """Repeats saved by a stopped job, then a refusal or a smaller KV cache on the next machine: the job fails
+    with the reason and the repeats stay for a rerun (no 'infeasible' result that would end the point)."""
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    monkeypatch.setattr(runner, "VllmServer", server)
+    outputs = {4: (tmp_path / "bs4.requests.parquet", tmp_path / "bs4.telemetry.parquet")}
+    job = runner.SweepJob(
+        model="opt125m", model_path="config/models/opt-125m", load_format="dummy", tensor_parallel=1,
+        batch_sizes=[4], prompts_path=tmp_path / "p.parquet", outputs=outputs, log_dir=tmp_path, input_len=4,
+        output_len=4, num_requests=2, batch_control="scheduler", telemetry_enabled=False,
+    )  # fmt: skip
+    rows = {"request_id": [0, 1], "source_id": ["a", "b"], "source_index": [0, 1], "original_len": [9, 9],
+            "prompt_len": [4, 4], "token_ids": [[1, 2, 3, 4]] * 2, "tokenizer": ["t"] * 2}  # fmt: skip
+    io.write_parquet(pl.DataFrame(rows, schema=dataset.SCHEMA), job.prompts_path, {})
+    point = runner.Point(4, job, outputs[4])
+    saved = runner.Measurement(requests=pl.DataFrame({"request_id": [0]}), telemetry=pl.DataFrame({"t_mono": [0.0]}),
+                               meta={"t0_mono": 0.0}, wall_s=1.0)  # fmt: skip
+    journal.Journal("elsewhere").save(outputs[4], point.meta_run(), 0, saved)
+    with pytest.raises(runner.ServerError, match=r"bs4.requests.parquet: repeats are saved from an earlier run .*"
+                                                 r"Not recorded as unmeasurable"):  # fmt: skip
+        runner.run_sweep(job)
+    assert not outputs[4][0].exists() and journal.has_saved(outputs[4])

@@ -11,8 +11,9 @@ Each saved repeat carries the hash of the point's settings (:func:`settings_key`
 the repeat count and budget, which do not change what one repeat measures). A rerun takes the saved repeats
 whose hash matches, in order from ``r0`` until the first gap, and deletes the rest. Each repeat records the
 machine it ran on (``machine`` in its metadata, :func:`slmserve.machine.machine_id`); one taken from a journal
-also keeps the provenance of the job that measured it (``provenance``, ``resumed: true``), so a point whose
-repeats come from two machines says so (``n_machines`` in the summary).
+also keeps the provenance of the point it measured (``provenance``, ``resumed: true``), so a point whose
+repeats come from two machines says so (``n_machines`` in the summary). A point never mixes GPU models or
+engine versions: saved repeats of another one stop the job with :class:`ResumeMismatch` instead.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ log = logging.getLogger(__name__)
 DIR = ".partial"
 # Settings that decide how many repeats a point gets, not what one repeat measures.
 NOT_IN_KEY = ("repeats", "repeat_budget_s", "batch_sizes")
+# What the repeats of one point must share beyond the settings: the hardware and the engine that measured them.
+SAME_KIND = ("gpu_models", "engine", "engine_version")
+
+
+class ResumeMismatch(RuntimeError):
+    """Saved repeats were measured on another GPU model or engine version than this job's."""
 
 
 def settings_key(run: Mapping[str, Any]) -> str:
@@ -64,9 +71,12 @@ class Journal:
     machine: str
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
-    def save(self, paths: tuple[Path, Path], run: Mapping[str, Any], k: int, m: Measurement) -> None:
-        """Keep repeat ``k`` (``m``) of the point ``paths`` with the settings ``run``."""
-        meta = {"settings_key": settings_key(run), "repeat": k, "wall_s": m.wall_s, "provenance": self.provenance,
+    def save(self, paths: tuple[Path, Path], run: Mapping[str, Any], k: int, m: Measurement,
+             provenance: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        """Keep repeat ``k`` (``m``) of the point ``paths`` with the settings ``run`` and the point's
+        ``provenance`` (default: the job's)."""
+        prov = self.provenance if provenance is None else provenance
+        meta = {"settings_key": settings_key(run), "repeat": k, "wall_s": m.wall_s, "provenance": prov,
                 "meta": m.meta}  # fmt: skip
         req_path, tel_path = partial_paths(paths, k)
         io.write_parquet(m.telemetry, tel_path, meta)
@@ -86,6 +96,7 @@ class Journal:
                 req, tel = pl.read_parquet(req_path), pl.read_parquet(tel_path)
             except (OSError, ValueError, KeyError, pl.exceptions.PolarsError):
                 break  # missing (the usual end) or cut short
+            self._check_kind(req_path, meta.get("provenance") or {})
             rep = {**meta["meta"], "resumed": True, "provenance": meta.get("provenance")}
             runs.append(Measurement(requests=req, telemetry=tel, meta=rep, wall_s=float(meta["wall_s"])))
         kept = {p for k in range(len(runs)) for p in partial_paths(paths, k)}
@@ -94,6 +105,32 @@ class Journal:
         if runs:
             log.info("%s: %d repeats resumed from %s", paths[0].name, len(runs), paths[0].parent / DIR)
         return runs
+
+    def _check_kind(self, path: Path, saved: Mapping[str, Any]) -> None:
+        """Raise :class:`ResumeMismatch` if the saved repeat ``path`` ran on another GPU model or engine
+        version than this job (a key either side does not record is not compared)."""
+        differ = {k: (saved[k], self.provenance[k]) for k in SAME_KIND
+                  if k in saved and k in self.provenance and saved[k] != self.provenance[k]}  # fmt: skip
+        if differ:
+            said = "; ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items())
+            raise ResumeMismatch(
+                f"{path}: a saved repeat of this point was measured elsewhere ({said}); one point must not mix "
+                f"them. Run the job where it was measured, or move {path.parent} away to measure the point "
+                "afresh here"
+            )
+
+
+def has_saved(paths: tuple[Path, Path]) -> bool:
+    """Whether a readable repeat of the point ``paths`` is saved (of any settings; a file cut short by a
+    stopped write does not count)."""
+    for path in _saved(paths):
+        if path.name.endswith(".requests.parquet"):
+            try:
+                io.read_meta(path)
+                return True
+            except (OSError, ValueError, KeyError, pl.exceptions.PolarsError):
+                continue
+    return False
 
 
 def discard_saved(paths: tuple[Path, Path]) -> None:

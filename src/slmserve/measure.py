@@ -199,7 +199,9 @@ def header(run: Mapping[str, Any], gpu_ids: Sequence[str], nvml_indices: Sequenc
 
 def write_point(paths: tuple[Path, Path], head: Mapping[str, Any], repeats: Sequence[Measurement]) -> dict[str, Any]:
     """The requests and telemetry parquet of a measured point, every repeat in them (column ``repeat``)."""
-    meta = {**head, "status": "ok", "reason": None, "repeats": [{"repeat": i, **m.meta} for i, m in enumerate(repeats)]}
+    # wall_s: what each repeat cost, which decided whether the point got another (runner.wants_repeat)
+    reps = [{"repeat": i, **m.meta, "wall_s": m.wall_s} for i, m in enumerate(repeats)]
+    meta = {**head, "status": "ok", "reason": None, "repeats": reps}
     requests = pl.concat([m.requests.with_columns(repeat=pl.lit(i, pl.Int32)) for i, m in enumerate(repeats)])
     tel = pl.concat([m.telemetry.with_columns(repeat=pl.lit(i, pl.Int32)) for i, m in enumerate(repeats)])
     io.write_parquet(tel, paths[1], meta)

@@ -1,5 +1,5 @@
 """Host CPU placement: a vLLM server's engine core, its API server and the load generator, each on physical
-cores of its own.
+cores of its own; and the CPU engine's tensor-parallel ranks, each on cores of its own.
 
 For a host-bound model (OPT-125M on an H100 runs its GPU at 40-55% busy) throughput follows the host CPU, and
 repeats on one server fall into a fast and a slow state (e.g. 139-141 against 167-172 req/s at batch 512).
@@ -61,6 +61,39 @@ def plan(cores: list[tuple[int, ...]], per_role: int = 2) -> Plan:
     take = cores[-need:]
     sets = [frozenset(c for core in take[i * per_role : (i + 1) * per_role] for c in core) for i in range(3)]
     return Plan(engine=sets[0], api=sets[1], client=sets[2])
+
+
+def _node(cpu: int, sysfs: Path) -> int:
+    """The NUMA node of logical CPU ``cpu`` (sysfs's ``cpuN/nodeK`` link), -1 where sysfs does not say."""
+    links = sorted((sysfs / f"cpu{cpu}").glob("node[0-9]*"))
+    return int(links[0].name[4:]) if links else -1
+
+
+def cpu_engine_ranks(tp: int, allowed: Iterable[int] | None = None, sysfs: Path = SYSFS) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` tensor-parallel ranks of the CPU engine: a CPU list per rank,
+    ``|`` between ranks (``"0|1"``, ``"0,1|2,3"``), one logical CPU per physical core as vLLM's own binding
+    takes on x86.
+
+    vLLM's automatic binding gives each rank a NUMA node and refuses more ranks than nodes (a 2-core machine
+    has one). Here each rank takes the physical cores of one node where ``allowed`` (default: this
+    process's affinity) spans ``tp`` nodes, else an equal share of all of them in order. Raises
+    :class:`ValueError` with fewer physical cores than ranks."""
+    cores = physical_cores(allowed, sysfs)
+    if len(cores) < tp:
+        raise ValueError(
+            f"tensor_parallel {tp} on the CPU engine needs a physical core per rank; this process may use "
+            f"{len(cores)}: lower tensor_parallel, or set VLLM_CPU_OMP_THREADS_BIND yourself (a CPU list "
+            "per rank, '|' between them, e.g. '0-3|4-7')"
+        )
+    by_node: dict[int, list[tuple[int, ...]]] = {}
+    for core in cores:
+        by_node.setdefault(_node(core[0], sysfs), []).append(core)
+    if len(by_node) >= tp:
+        ranks = [by_node[n] for n in sorted(by_node)[:tp]]
+    else:
+        share = len(cores) // tp
+        ranks = [cores[i * share : (i + 1) * share] for i in range(tp)]
+    return "|".join(",".join(str(core[-1]) for core in rank) for rank in ranks)
 
 
 def _set_threads(proc: psutil.Process, cpus: Iterable[int]) -> int:

