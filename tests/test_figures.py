@@ -392,3 +392,21 @@ def test_caption_names_each_point_that_measured_fewer_requests(sweep: pl.DataFra
         n_ok=pl.max_horizontal(16, pl.col("batch_size") * 8)
     )
     assert "Requests per point: 32, except b=1: 16; b=2: 16\n" in figures.throughput_latency(small)[1]  # not the mode
+
+
+def test_points_of_two_gpu_models_are_told_apart_in_figure_1_and_its_caption() -> None:
+    """A 2-GPU host lent as H200 may run on H100: a curve never joins points of two GPU models, each point
+    names its GPU, and the caption says which model ran where."""
+    h200 = "NVIDIA H200"
+    rows = [run("opt125m", b) for b in (1, 8)] + [run("opt125m", b, tp=2, gpu=h200) for b in (1, 8)]
+    rows += [run("opt2.7b", b, tp=2, gpu=h200) for b in (1, 8)]
+    chart, text = figures.throughput_latency(frame(rows))
+    data = dataset(chart)
+    assert set(data["series"]) == {f"OPT-125M · 1 GPU · {GPU}", f"OPT-125M · 2 GPU · {h200}",
+                                   f"OPT-2.7B · 2 GPU · {h200}"}  # fmt: skip
+    assert set(zip(data["gpus"], data["gpu_model"], strict=True)) == {(f"1 · {GPU}", GPU), (f"2 · {h200}", h200)}
+    assert f"Hardware: **mixed GPU models**, each point's in its tooltip and legend: {GPU}: OPT-125M on 1 GPU; " \
+           f"{h200}: OPT-125M on 2 GPUs, OPT-2.7B on 2 GPUs" in text  # fmt: skip
+    _, one = figures.throughput_latency(frame([run("opt125m", b) for b in (1, 8)]))
+    assert f"Hardware: {GPU}\n" in one and "mixed" not in one
+    assert "gpu_model" not in dataset(figures.throughput_latency(frame([run("opt125m", 1)]))[0]).columns

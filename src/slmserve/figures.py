@@ -249,7 +249,24 @@ def engines(df: pl.DataFrame) -> list[str]:
 
 
 def _hardware_line(summary: pl.DataFrame) -> list[str]:
-    return [f"Hardware: {hardware(summary)}"]
+    """The GPU models; where the measured points ran on more than one, which models ran on which."""
+    ok = ok_runs(summary)
+    if len(values(ok, "gpu_model")) < 2 or "model" not in ok.columns:
+        return [f"Hardware: {hardware(summary)}"]
+    names = model_names(summary)
+    tp = "tp" in ok.columns and len(values(ok, "tp")) > 1
+    where = []
+    for (gpu,), rows in ok.sort("gpu_model").group_by("gpu_model", maintain_order=True):
+        keys = rows.select("model", *(["tp"] if tp else [])).unique().sort(pl.all())
+        what = [names.get(r["model"], (r["model"],))[0] + (f" on {r['tp']} GPU" + "s" * (r["tp"] > 1) if tp else "")
+                for r in keys.iter_rows(named=True)]  # fmt: skip
+        where.append(f"{gpu}: {', '.join(what)}")
+    return [f"Hardware: **mixed GPU models**, each point's in its tooltip and legend: {'; '.join(where)}"]
+
+
+def mixed_gpus(runs: pl.DataFrame) -> bool:
+    """Whether the runs were measured on more than one GPU model."""
+    return len(values(runs, "gpu_model")) > 1
 
 
 def _engine_line(summary: pl.DataFrame) -> list[str]:
@@ -690,10 +707,13 @@ def throughput_latency(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     runs, notes = main_workload(ok_runs(summary))
     runs, order = named(runs)
     runs = _finite(runs, TRADEOFF)
+    gpus, kind, extra = pl.col("tp").cast(pl.String), pl.lit(""), []
+    if mixed_gpus(runs):  # a curve and a marker per GPU model, never one line through two kinds of GPU
+        kind, extra = pl.lit(" · ") + pl.col("gpu_model"), ["gpu_model"]
     data = runs.select(
-        "model", "tp", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF),
-        series=pl.col("model") + pl.lit(" · ") + pl.col("tp").cast(pl.String) + pl.lit(" GPU"),
-        gpus=pl.col("tp").cast(pl.String),
+        "model", "tp", "batch_size", "throughput_rps", "latency_mean_s", *extra, *_ci_cols(runs, TRADEOFF),
+        series=pl.col("model") + pl.lit(" · ") + gpus + pl.lit(" GPU") + kind,
+        gpus=gpus + kind,
     )  # fmt: skip
     chart = _tradeoff(
         data, title="Throughput and latency trade-off (Figure 1)", label="batch_size", order=order,
