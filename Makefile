@@ -9,8 +9,9 @@ SMK   := $(VENV)/bin/snakemake
 CORES ?= 2
 
 # Re-plot every profile whose measured results are in the checkout (the paper's in results/, the quick
-# profile's in results/quick/); REPLOT_CONFIGS=config/smoke.yaml for the smoke results instead. REPLOT_ARGS:
-# more Snakemake options. Reports: report.html (paper), report-<profile>.html (the others).
+# profile's in results/quick/; probes count only where the profile draws Table 1: a100-36gb reuses Table 1's);
+# REPLOT_CONFIGS=config/smoke.yaml for the smoke results instead. REPLOT_ARGS: more Snakemake options.
+# Reports: report.html (paper), report-<profile>.html (the others).
 REPLOT_CONFIGS ?= config/config.yaml config/quick.yaml config/quick-tp.yaml config/tp2.yaml config/a100-36gb.yaml
 REPLOT_ARGS ?=
 
@@ -37,8 +38,9 @@ dryrun: setup
 
 replot: setup
 	@set -e; n=0; for cfg in $(REPLOT_CONFIGS); do \
-	  read -r out prof <<<"$$($(PY) -c 'import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); print(c.get("outdir", "results"), c.get("profile", "paper"))' $$cfg)"; \
-	  if ! ls -d $$out/capacity/*.json $$out/runs $$out/points $$out/replication 2>/dev/null | grep -q .; then \
+	  read -r out prof t1 <<<"$$($(PY) -c 'import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); t1 = ((c.get("experiments") or {}).get("table1") or {}).get("models", [1]); print(c.get("outdir", "results"), c.get("profile", "paper"), int(bool(t1)))' $$cfg)"; \
+	  caps=; [ "$$t1" = 1 ] && caps="$$out/capacity/*.json"; \
+	  if ! ls -d $$caps $$out/runs $$out/points $$out/replication 2>/dev/null | grep -q .; then \
 	    echo "replot: $$cfg: no results in $$out/, skipped"; continue; fi; \
 	  report=report.html; [ "$$prof" = paper ] || report=report-$$prof.html; \
 	  $(SMK) all --cores $(CORES) --configfile $$cfg --config replot=True --forceall $(REPLOT_ARGS); \

@@ -150,3 +150,13 @@ def test_summary_and_caption_count_the_machines_of_a_points_repeats() -> None:
     note = figures._repeats_note(p)
     assert "ran on up to 2 machines" in note and "Repeats of 1 point " in note
     assert "machines" not in figures._repeats_note(p.filter(pl.col("path") != "a"))
+
+
+def test_a_summary_names_every_code_version_that_measured_the_point() -> None:
+    """A point resumed from an earlier job: its summary's git_sha lists both jobs' versions, not the writer's."""
+    meta = {"provenance": {"git_sha": "c3"}, "status": "ok",
+            "repeats": [{"repeat": 0, "resumed": True, "provenance": {"git_sha": "a1"}},
+                        {"repeat": 1, "resumed": True, "provenance": {"git_sha": "b2"}}, {"repeat": 2}]}  # fmt: skip
+    assert analysis._repeat_shas(meta) == "a1,b2,c3"
+    assert analysis._repeat_shas({**meta, "repeats": [{"repeat": 0}]}) == "c3"
+    assert analysis._repeat_shas({"provenance": {}, "status": "ok", "repeats": [{"repeat": 0}]}) is None

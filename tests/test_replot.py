@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -104,3 +105,17 @@ def test_paper_dag_without_gpu_stops_at_once(tmp_path: Path) -> None:
     assert "rule prepare_dataset" not in text  # no job ran
     assert not (tmp_path / "results").exists()
     assert time.monotonic() - t0 < 60
+
+
+def test_make_replot_skips_a_profile_that_holds_only_probes_it_does_not_draw(tmp_path: Path) -> None:
+    """config/a100-36gb.yaml reuses Table 1's 36 GB probes (committed in its outdir) but draws no Table 1:
+    `make replot` skips it until its replication runs are there, instead of failing on "nothing to plot"."""
+    out = tmp_path / "a100"
+    (out / "capacity").mkdir(parents=True)
+    shutil.copy(ROOT / "results/a100-36gb/capacity/opt125m-36gb.json", out / "capacity")
+    cfg = tmp_path / "a100.yaml"
+    cfg.write_text((ROOT / "config/a100-36gb.yaml").read_text().replace("outdir: results/a100-36gb", f"outdir: {out}"))
+    proc = subprocess.run(["make", "-o", "setup", "replot", f"REPLOT_CONFIGS={cfg}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert f"replot: {cfg}: no results in {out}/, skipped" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "WorkflowError" not in proc.stdout + proc.stderr and proc.returncode != 0  # nothing at all to re-plot

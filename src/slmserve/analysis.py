@@ -126,10 +126,18 @@ def _run_row(meta: Mapping[str, Any], path: str, models: Mapping[str, Any] | Non
         "gpu_ids": ",".join(map(str, meta.get("gpu_ids") or [])),
         "engine": prov.get("engine"),
         "engine_version": prov.get("engine_version"),
-        "git_sha": prov.get("git_sha"),
+        "git_sha": _repeat_shas(meta),
         "profile": run.get("profile"),
         "path": path,
     }
+
+
+def _repeat_shas(meta: Mapping[str, Any]) -> str | None:
+    """The code versions that measured the point: each repeat's own (one resumed from an earlier job keeps
+    that job's provenance, slmserve.journal), else the file's; distinct, sorted, comma-separated."""
+    own = meta["provenance"].get("git_sha")
+    shas = {(r.get("provenance") or {}).get("git_sha") or own for r in measure.repeats_of(meta)} or {own}
+    return ",".join(sorted(s for s in shas if s)) or None
 
 
 def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame) -> dict[str, Any]:
