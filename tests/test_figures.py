@@ -410,3 +410,15 @@ def test_points_of_two_gpu_models_are_told_apart_in_figure_1_and_its_caption() -
     _, one = figures.throughput_latency(frame([run("opt125m", b) for b in (1, 8)]))
     assert f"Hardware: {GPU}\n" in one and "mixed" not in one
     assert "gpu_model" not in dataset(figures.throughput_latency(frame([run("opt125m", 1)]))[0]).columns
+
+
+def test_caption_gives_each_jobs_gpu_ids_where_jobs_held_different_gpus() -> None:
+    """Two one-GPU jobs side by side on a 2-GPU host: the caption shows that they held different GPUs."""
+    rows = [{**run("opt125m", b), "gpu_ids": "0"} for b in (1, 8)] + [{**run("opt2.7b", b), "gpu_ids": "1"}
+                                                                       for b in (1, 8)]  # fmt: skip
+    rows += [{**run("opt2.7b", b, tp=2), "gpu_ids": "0,1"} for b in (1, 8)]
+    _, text = figures.throughput_latency(frame(rows))
+    assert ("GPU ids (the `CUDA_VISIBLE_DEVICES` each job held): 0: OPT-125M on 1 GPU; 0,1: OPT-2.7B on 2 GPUs; "
+            "1: OPT-2.7B on 1 GPU") in text  # fmt: skip
+    _, one = figures.throughput_latency(frame([{**run("opt125m", b), "gpu_ids": "0"} for b in (1, 8)]))
+    assert "GPU ids" not in one

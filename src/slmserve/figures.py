@@ -249,19 +249,31 @@ def engines(df: pl.DataFrame) -> list[str]:
 
 
 def _hardware_line(summary: pl.DataFrame) -> list[str]:
-    """The GPU models; where the measured points ran on more than one, which models ran on which."""
+    """The GPU models; where the measured points ran on more than one, which models ran on which; where they
+    ran on more than one set of GPU ids (a multi-GPU host), the ids of each model and GPU count."""
     ok = ok_runs(summary)
-    if len(values(ok, "gpu_model")) < 2 or "model" not in ok.columns:
+    if "model" not in ok.columns:
         return [f"Hardware: {hardware(summary)}"]
-    names = model_names(summary)
+    lines = [f"Hardware: {hardware(summary)}"]
+    if len(values(ok, "gpu_model")) > 1:
+        where = "; ".join(f"{gpu}: {what}" for gpu, what in _who(ok, "gpu_model", model_names(summary)))
+        lines = [f"Hardware: **mixed GPU models**, each point's in its tooltip and legend: {where}"]
+    if len([ids for ids in values(ok, "gpu_ids") if ids]) > 1:
+        ids = "; ".join(f"{i}: {what}" for i, what in _who(ok, "gpu_ids", model_names(summary)))
+        lines.append(f"GPU ids (the `CUDA_VISIBLE_DEVICES` each job held): {ids}")
+    return lines
+
+
+def _who(ok: pl.DataFrame, col: str, names: Mapping[str, tuple[str, float]]) -> list[tuple[str, str]]:
+    """For each value of ``col``: the models (with their GPU count where the frame has several) it measured."""
     tp = "tp" in ok.columns and len(values(ok, "tp")) > 1
-    where = []
-    for (gpu,), rows in ok.sort("gpu_model").group_by("gpu_model", maintain_order=True):
+    out = []
+    for (value,), rows in ok.filter(pl.col(col).is_not_null()).sort(col).group_by(col, maintain_order=True):
         keys = rows.select("model", *(["tp"] if tp else [])).unique().sort(pl.all())
         what = [names.get(r["model"], (r["model"],))[0] + (f" on {r['tp']} GPU" + "s" * (r["tp"] > 1) if tp else "")
                 for r in keys.iter_rows(named=True)]  # fmt: skip
-        where.append(f"{gpu}: {', '.join(what)}")
-    return [f"Hardware: **mixed GPU models**, each point's in its tooltip and legend: {'; '.join(where)}"]
+        out.append((str(value), ", ".join(what)))
+    return out
 
 
 def mixed_gpus(runs: pl.DataFrame) -> bool:
