@@ -54,9 +54,10 @@ def test_cpu_engine_ranks_share_the_cores_or_take_a_numa_node_each(tmp_path: Pat
         (two / f"cpu{cpu}" / f"node{0 if cpu < 2 else 1}").mkdir()
     assert pinning.cpu_engine_ranks(2, range(6), two) == "0,1|2,3,4,5"
     assert pinning.cpu_engine_ranks(3, range(6), two) == "0,1|2,3|4,5"  # 3 ranks, 2 nodes: an equal share
-    with pytest.raises(ValueError, match=r"tensor_parallel 4 on the CPU engine needs a physical core per rank; "
-                                         r"this process may use 2: .*VLLM_CPU_OMP_THREADS_BIND"):  # fmt: skip
-        pinning.cpu_engine_ranks(4, [0, 4, 1, 5], one)
+    assert pinning.cpu_engine_ranks(2, [0, 4], one) == "0|4"  # one core, two SMT siblings: a sibling each
+    with pytest.raises(ValueError, match=r"tensor_parallel 4 on the CPU engine needs a CPU per rank; "
+                                         r"this process may use 3: .*VLLM_CPU_OMP_THREADS_BIND"):  # fmt: skip
+        pinning.cpu_engine_ranks(4, [0, 4, 1], one)
 
 
 @pytest.fixture

@@ -76,12 +76,15 @@ def cpu_engine_ranks(tp: int, allowed: Iterable[int] | None = None, sysfs: Path 
 
     vLLM's automatic binding gives each rank a NUMA node and refuses more ranks than nodes (a 2-core machine
     has one). Here each rank takes the physical cores of one node where ``allowed`` (default: this
-    process's affinity) spans ``tp`` nodes, else an equal share of all of them in order. Raises
-    :class:`ValueError` with fewer physical cores than ranks."""
+    process's affinity) spans ``tp`` nodes, else an equal share of all of them in order; with fewer physical
+    cores than ranks (SMT siblings of a small VM), a logical CPU each. Raises :class:`ValueError` with fewer
+    logical CPUs than ranks."""
     cores = physical_cores(allowed, sysfs)
     if len(cores) < tp:
+        cores = [(cpu,) for core in cores for cpu in core]
+    if len(cores) < tp:
         raise ValueError(
-            f"tensor_parallel {tp} on the CPU engine needs a physical core per rank; this process may use "
+            f"tensor_parallel {tp} on the CPU engine needs a CPU per rank; this process may use "
             f"{len(cores)}: lower tensor_parallel, or set VLLM_CPU_OMP_THREADS_BIND yourself (a CPU list "
             "per rank, '|' between them, e.g. '0-3|4-7')"
         )
