@@ -101,6 +101,8 @@ def test_repeats_of_another_gpu_model_or_engine_stop_the_job_and_stay(tmp_path: 
     with pytest.raises(journal.ResumeMismatch, match=r"engine_version '0.26.0' there, '0.27.0' here"):
         newer.load(p.paths, p.meta_run())
     assert len(Journal("m3", h100).load(p.paths, p.meta_run())) == 1  # another machine of the same kind resumes
+    unnamed = Journal("m4", {**h100, "gpu_models": []})  # NVML could not name this machine's GPUs
+    assert len(unnamed.load(p.paths, p.meta_run())) == 1
 
 
 def test_saved_repeats_are_dropped_only_once_every_point_is_written(
@@ -120,7 +122,7 @@ def test_saved_repeats_are_dropped_only_once_every_point_is_written(
     monkeypatch.setattr(runner, "write_point", write_then_stop)
     with pytest.raises(KeyboardInterrupt):
         runner.measure_points(_points(tmp_path, job), StandInMeasurer(), 1, None, Journal("m"))
-    assert written and all(journal.has_saved(p.paths) for p in _points(tmp_path, job))
+    assert written and all(journal.has_saved(p.paths, p.meta_run()) for p in _points(tmp_path, job))
 
 
 def test_repeats_of_other_settings_or_after_a_gap_are_not_resumed(tmp_path: Path) -> None:

@@ -196,29 +196,89 @@ class StandInRefusingServer(StandInSmallServer):
         raise InfeasibleError("Free memory on device (20.1/79.2 GiB) on startup is less than desired GPU memory")
 
 
-@pytest.mark.parametrize("server", [StandInRefusingServer, StandInSmallServer])
-def test_a_point_with_saved_repeats_is_never_recorded_as_unmeasurable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: type
-) -> None:
-    """Repeats saved by a stopped job, then a refusal or a smaller KV cache on the next machine: the job fails
-    with the reason and the repeats stay for a rerun (no 'infeasible' result that would end the point)."""
-    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
-    monkeypatch.setattr(runner, "VllmServer", server)
-    outputs = {4: (tmp_path / "bs4.requests.parquet", tmp_path / "bs4.telemetry.parquet")}
+def _small_job(tmp_path: Path, sizes: list[int], batch_control: str = "scheduler") -> runner.SweepJob:
+    outputs = {b: (tmp_path / f"bs{b}.requests.parquet", tmp_path / f"bs{b}.telemetry.parquet") for b in sizes}
     job = runner.SweepJob(
         model="opt125m", model_path="config/models/opt-125m", load_format="dummy", tensor_parallel=1,
-        batch_sizes=[4], prompts_path=tmp_path / "p.parquet", outputs=outputs, log_dir=tmp_path, input_len=4,
-        output_len=4, num_requests=2, batch_control="scheduler", telemetry_enabled=False,
+        batch_sizes=sizes, prompts_path=tmp_path / "p.parquet", outputs=outputs, log_dir=tmp_path, input_len=4,
+        output_len=4, num_requests=2, batch_control=batch_control, telemetry_enabled=False,
     )  # fmt: skip
     rows = {"request_id": [0, 1], "source_id": ["a", "b"], "source_index": [0, 1], "original_len": [9, 9],
             "prompt_len": [4, 4], "token_ids": [[1, 2, 3, 4]] * 2, "tokenizer": ["t"] * 2}  # fmt: skip
     io.write_parquet(pl.DataFrame(rows, schema=dataset.SCHEMA), job.prompts_path, {})
-    point = runner.Point(4, job, outputs[4])
-    saved = runner.Measurement(requests=pl.DataFrame({"request_id": [0]}), telemetry=pl.DataFrame({"t_mono": [0.0]}),
-                               meta={"t0_mono": 0.0}, wall_s=1.0)  # fmt: skip
-    journal.Journal("elsewhere").save(outputs[4], point.meta_run(), 0, saved)
+    return job
+
+
+def _stand_in_repeat(k: int = 0) -> runner.Measurement:
+    """One repeat's result, made up (named as such): what a stand-in measuring function returns."""
+    load = {"n_ok": 1, "duration_s": 1.0, "peak_inflight": 1, "lag_p99_s": 0.0}
+    return runner.Measurement(requests=pl.DataFrame({"request_id": [k]}), telemetry=pl.DataFrame({"t_mono": [0.0]}),
+                              meta={"t0_mono": 0.0, "loads": [load]}, wall_s=1.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("server", [StandInRefusingServer, StandInSmallServer])
+@pytest.mark.parametrize("same_settings", [True, False])
+def test_a_point_with_saved_repeats_is_never_recorded_as_unmeasurable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: type, same_settings: bool
+) -> None:
+    """Repeats saved by a stopped job, then a refusal or a smaller KV cache on the next machine: the job fails
+    with the reason and the repeats stay for a rerun (no 'infeasible' result that would end the point).
+    Saved repeats of other settings, which a rerun would not resume, do not stop the record."""
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    monkeypatch.setattr(runner, "VllmServer", server)
+    job = _small_job(tmp_path, [4])
+    run = runner.Point(4, job, job.outputs[4]).meta_run()
+    journal.Journal("elsewhere").save(job.outputs[4], run if same_settings else {**run, "num_requests": 9}, 0,
+                                      _stand_in_repeat())  # fmt: skip
+    if not same_settings:
+        runner.run_sweep(job)
+        assert io.read_meta(job.outputs[4][0])["status"] == "infeasible"
+        return
     with pytest.raises(runner.ServerError, match=r"bs4.requests.parquet: repeats are saved from an earlier run .*"
                                                  r"Not recorded as unmeasurable"):  # fmt: skip
         runner.run_sweep(job)
-    assert not outputs[4][0].exists() and journal.has_saved(outputs[4])
+    assert not job.outputs[4][0].exists() and journal.has_saved(job.outputs[4], run)
+
+
+class StandInOneStartServer(StandInSmallServer):
+    """Starts once like VllmServer (any batch fits); the second start fails as a server that dies does."""
+
+    kv_cache_tokens, starts = None, 0
+
+    def __enter__(self) -> StandInOneStartServer:
+        type(self).starts += 1
+        if type(self).starts > 1:
+            raise runner.ServerError("the vLLM server died during start-up")
+        return self
+
+
+def test_restart_mode_keeps_each_points_repeats_until_the_job_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server per batch: the second one fails, Snakemake then deletes the first point's written result, so
+    its saved repeats must still be there for the rerun."""
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    monkeypatch.setattr(runner, "VllmServer", StandInOneStartServer)
+    monkeypatch.setattr(runner, "measure_point", lambda p, *a, **k: _stand_in_repeat())
+    StandInOneStartServer.starts = 0
+    job = _small_job(tmp_path, [1, 2], batch_control="restart")
+    with pytest.raises(runner.ServerError, match="died"):
+        runner.run_sweep(job)
+    first = runner.Point(1, job, job.outputs[1])
+    assert job.outputs[1][0].exists() and journal.has_saved(job.outputs[1], first.meta_run())
+
+
+def test_restart_mode_does_not_record_a_later_point_with_saved_repeats_as_unsupported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    monkeypatch.setattr(runner, "VllmServer", StandInUnsupportedServer)
+    job = _small_job(tmp_path, [1, 8], batch_control="restart")
+    later = runner.Point(8, job, job.outputs[8])
+    journal.Journal("elsewhere").save(job.outputs[8], later.meta_run(), 0, _stand_in_repeat())
+    with pytest.raises(runner.ServerError, match=r"bs8.requests.parquet: repeats are saved"):
+        runner.run_sweep(job)
+    assert not job.outputs[8][0].exists() and journal.has_saved(job.outputs[8], later.meta_run())

@@ -323,6 +323,7 @@ def with_not_measured(
 def write_summary(summary: pl.DataFrame, path: str | os.PathLike[str], config: Mapping[str, Any]) -> None:
     """Write a summary with the provenance of its measurements (each row's engine, GPU and git SHA; the
     config hash), nothing of the re-plot itself: re-plotting unchanged results rewrites identical bytes."""
-    sha = sorted(set(summary["git_sha"].drop_nulls().to_list())) if "git_sha" in summary.columns else []
+    shas = summary["git_sha"].drop_nulls().to_list() if "git_sha" in summary.columns else []
+    sha = sorted({one for row in shas for one in row.split(",")})  # a row lists each version of its repeats
     meta = {"config_hash": provenance.config_hash(dict(config)), "rows": summary.height, "measured_git_sha": sha}
     io.write_parquet(summary, path, meta)

@@ -109,8 +109,9 @@ class Journal:
     def _check_kind(self, path: Path, saved: Mapping[str, Any]) -> None:
         """Raise :class:`ResumeMismatch` if the saved repeat ``path`` ran on another GPU model or engine
         version than this job (a key either side does not record is not compared)."""
+        # an empty GPU list is NVML failing to name the GPUs, not another kind of machine
         differ = {k: (saved[k], self.provenance[k]) for k in SAME_KIND
-                  if k in saved and k in self.provenance and saved[k] != self.provenance[k]}  # fmt: skip
+                  if saved.get(k) and self.provenance.get(k) and saved[k] != self.provenance[k]}  # fmt: skip
         if differ:
             said = "; ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items())
             raise ResumeMismatch(
@@ -120,17 +121,13 @@ class Journal:
             )
 
 
-def has_saved(paths: tuple[Path, Path]) -> bool:
-    """Whether a readable repeat of the point ``paths`` is saved (of any settings; a file cut short by a
-    stopped write does not count)."""
-    for path in _saved(paths):
-        if path.name.endswith(".requests.parquet"):
-            try:
-                io.read_meta(path)
-                return True
-            except (OSError, ValueError, KeyError, pl.exceptions.PolarsError):
-                continue
-    return False
+def has_saved(paths: tuple[Path, Path], run: Mapping[str, Any]) -> bool:
+    """Whether :meth:`Journal.load` would resume a repeat of the point ``paths`` measured with the settings
+    ``run``: its ``r0`` is readable and of these settings (others it would delete)."""
+    try:
+        return io.read_meta(partial_paths(paths, 0)[0]).get("settings_key") == settings_key(run)
+    except (OSError, ValueError, KeyError, pl.exceptions.PolarsError):
+        return False
 
 
 def discard_saved(paths: tuple[Path, Path]) -> None:

@@ -271,9 +271,11 @@ def measure_point(p: Point, srv: VllmServer, alloc: Allocation, prompts: pl.Data
 
 
 def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measurement], repeats: int,
-                   budget_s: float | None, journal: Journal | None = None) -> None:  # fmt: skip
+                   budget_s: float | None, journal: Journal | None = None,
+                   keep_saved: bool = False) -> None:  # fmt: skip
     """Measure every point ``repeats`` times, interleaved (all points, then all again), then write them.
-    With a ``journal``, the repeats it holds count as measured and each new one is saved as it ends."""
+    With a ``journal``, the repeats it holds count as measured and each new one is saved as it ends; once
+    every point is written they are deleted, unless ``keep_saved`` (the job's other points are still to come)."""
     if journal is not None:
         for point in points:
             point.runs = journal.load(point.paths, point.meta_run())
@@ -291,7 +293,7 @@ def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measureme
         log.info("%s: %d repeats; last %d requests in %.2f s (peak in flight %d, lag p99 %.1f ms)",
                  point.paths[0].name, len(point.runs), last["n_ok"], last["duration_s"] or 0,
                  last["peak_inflight"], (last["lag_p99_s"] or 0) * 1e3)  # fmt: skip
-    if journal is not None:  # only now: Snakemake deletes the written outputs of a job that stops before its end
+    if journal is not None and not keep_saved:  # only now: Snakemake deletes a failed job's written outputs
         for point in points:
             discard_saved(point.paths)
 
@@ -317,7 +319,14 @@ def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_se
             return measure_point(p, srv, alloc, prompts)
 
         prov = points[0].head.get("provenance", {}) if points else {}
-        measure_points(fitting, run_one, job.repeats, job.repeat_budget_s, Journal(machine_id(), prov))
+        measure_points(
+            fitting,
+            run_one,
+            job.repeats,
+            job.repeat_budget_s,
+            Journal(machine_id(), prov),
+            keep_saved=job.mode == "restart",
+        )  # restart: a server per point, run_sweep deletes them
 
 
 def _serve_or_record(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_seqs: int, tag: str,
@@ -343,7 +352,7 @@ def _serve_or_record(job: SweepJob, alloc: Allocation, points: Sequence[Point], 
 def _not_after_saved_repeats(points: Sequence[Point], why: str) -> None:
     """Raise :class:`ServerError` rather than record a point as unmeasurable whose repeats, measured with the
     same settings on another machine (or before a transient refusal), are saved: they stay for a rerun."""
-    saved = [p.paths[0].name for p in points if has_saved(p.paths)]
+    saved = [p.paths[0].name for p in points if has_saved(p.paths, p.meta_run())]
     if saved:
         raise ServerError(
             f"{', '.join(saved)}: repeats are saved from an earlier run with these settings, but {why}. "
@@ -389,9 +398,12 @@ def run_sweep(job: SweepJob) -> None:
             for i, p in enumerate(points):
                 unsupported = _serve_or_record(job, alloc, [p], p.batch, f"bs{p.batch}", prompts)
                 if unsupported is not None:  # the engine does not serve this model: one start is enough
+                    _not_after_saved_repeats(points[i + 1 :], f"vLLM refused to serve it here ({unsupported})")
                     for rest in points[i + 1 :]:
                         write_unmeasured(rest.paths, rest.head, unsupported, status="unsupported")
                     break
+            for p in points:  # every point is written: the repeats kept for a rerun are done with
+                discard_saved(p.paths)
 
 
 def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[Path, Path]]) -> None:
@@ -409,6 +421,8 @@ def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[
                 p.head = header(p.meta_run(), alloc.ids, alloc.nvml_indices)
                 todo.append(p)
             _serve_or_record(dataclasses.replace(job, batch_control="restart"), alloc, todo, batch, "points", prompts)
+            for p in todo:  # every point is written: the repeats kept for a rerun are done with
+                discard_saved(p.paths)
 
 
 # --- KV-cache capacity (Table 1) ------------------------------------------------------------------
