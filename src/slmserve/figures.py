@@ -251,15 +251,15 @@ def engines(df: pl.DataFrame) -> list[str]:
 def _hardware_line(summary: pl.DataFrame) -> list[str]:
     """The GPU models; where the measured points ran on more than one, which models ran on which; where they
     ran on more than one set of GPU ids (a multi-GPU host), the ids of each model and GPU count."""
-    ok = ok_runs(summary)
+    ok, lines = ok_runs(summary), [f"Hardware: {hardware(summary)}"]
     if "model" not in ok.columns:
-        return [f"Hardware: {hardware(summary)}"]
-    lines = [f"Hardware: {hardware(summary)}"]
-    if len(values(ok, "gpu_model")) > 1:
-        where = "; ".join(f"{gpu}: {what}" for gpu, what in _who(ok, "gpu_model", model_names(summary)))
+        return lines
+    names = model_names(summary)
+    if mixed_gpus(ok):
+        where = "; ".join(f"{gpu}: {what}" for gpu, what in _who(ok, "gpu_model", names))
         lines = [f"Hardware: **mixed GPU models**, each point's in its tooltip and legend: {where}"]
     if len([ids for ids in values(ok, "gpu_ids") if ids]) > 1:
-        ids = "; ".join(f"{i}: {what}" for i, what in _who(ok, "gpu_ids", model_names(summary)))
+        ids = "; ".join(f"{i}: {what}" for i, what in _who(ok, "gpu_ids", names))
         lines.append(f"GPU ids (the `CUDA_VISIBLE_DEVICES` each job held): {ids}")
     return lines
 

@@ -299,8 +299,9 @@ def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measureme
 
 
 def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_seqs: int, tag: str,
-           prompts: pl.DataFrame) -> None:  # fmt: skip
-    """Start one server for ``points``, write those that do not fit, measure the rest."""
+           prompts: pl.DataFrame, keep_saved: bool = False) -> None:  # fmt: skip
+    """Start one server for ``points``, write those that do not fit, measure the rest (``keep_saved``: see
+    :func:`measure_points`)."""
     with VllmServer(server_spec(job, alloc, max_num_seqs, tag)) as srv:
         log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
         fitting, unfit = [], []
@@ -319,22 +320,16 @@ def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_se
             return measure_point(p, srv, alloc, prompts)
 
         prov = points[0].head.get("provenance", {}) if points else {}
-        measure_points(
-            fitting,
-            run_one,
-            job.repeats,
-            job.repeat_budget_s,
-            Journal(machine_id(), prov),
-            keep_saved=job.mode == "restart",
-        )  # restart: a server per point, run_sweep deletes them
+        journal = Journal(machine_id(), prov)
+        measure_points(fitting, run_one, job.repeats, job.repeat_budget_s, journal, keep_saved=keep_saved)
 
 
 def _serve_or_record(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_seqs: int, tag: str,
-                     prompts: pl.DataFrame) -> str | None:  # fmt: skip
+                     prompts: pl.DataFrame, keep_saved: bool = False) -> str | None:  # fmt: skip
     """:func:`_serve`, writing the points as ``infeasible`` if vLLM refuses the memory share, or as
     ``unsupported`` if the engine does not serve the model (then returning vLLM's reason)."""
     try:
-        _serve(job, alloc, points, max_num_seqs, tag, prompts)
+        _serve(job, alloc, points, max_num_seqs, tag, prompts, keep_saved)
     except (InfeasibleError, UnsupportedError) as exc:
         _not_after_saved_repeats(points, f"vLLM refused to serve it here ({exc.reason})")
         if isinstance(exc, UnsupportedError):
@@ -396,13 +391,14 @@ def run_sweep(job: SweepJob) -> None:
                 _serve_or_record(job, alloc, points, max(batches), "all", prompts)
                 return
             for i, p in enumerate(points):
-                unsupported = _serve_or_record(job, alloc, [p], p.batch, f"bs{p.batch}", prompts)
+                # a server per point: every point's saved repeats stay until the last one is written
+                unsupported = _serve_or_record(job, alloc, [p], p.batch, f"bs{p.batch}", prompts, keep_saved=True)
                 if unsupported is not None:  # the engine does not serve this model: one start is enough
                     _not_after_saved_repeats(points[i + 1 :], f"vLLM refused to serve it here ({unsupported})")
                     for rest in points[i + 1 :]:
                         write_unmeasured(rest.paths, rest.head, unsupported, status="unsupported")
                     break
-            for p in points:  # every point is written: the repeats kept for a rerun are done with
+            for p in points:
                 discard_saved(p.paths)
 
 
@@ -421,8 +417,6 @@ def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[
                 p.head = header(p.meta_run(), alloc.ids, alloc.nvml_indices)
                 todo.append(p)
             _serve_or_record(dataclasses.replace(job, batch_control="restart"), alloc, todo, batch, "points", prompts)
-            for p in todo:  # every point is written: the repeats kept for a rerun are done with
-                discard_saved(p.paths)
 
 
 # --- KV-cache capacity (Table 1) ------------------------------------------------------------------
