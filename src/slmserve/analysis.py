@@ -34,7 +34,7 @@ METRICS: dict[str, pl.DataType] = {
     "gpu_util_max": _F, "sm_clock_mhz_mean": _F, "sm_clock_mhz_max": _F, "power_w_mean": _F,
     "power_w_mean_per_gpu": _F, "energy_j": _F, "mem_used_mb_max": _F, "cpu_util_mean": _F, "n_samples": _I,
     "n_gpus": _I, "nvml_ok": _B, "gpm_ok": _B, "energy_per_token_j": _F, "energy_window_s": _F,
-    "energy_samples": _I, "energy_window_ok": _B, "effective_batch": _F,
+    "energy_samples": _I, "energy_window_ok": _B, "effective_batch": _F, "beside": pl.String(), "n_beside": _I,
 }  # fmt: skip
 RUN_METRICS: dict[str, pl.DataType] = {
     "n_error": _I, "window_start_s": _F, "window_end_s": _F, "duration_s": _F, "output_tokens": _I,
@@ -153,6 +153,7 @@ def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame
         effective_batch=engine.get("effective_batch"),
         running_max=engine.get("running_max"),
         machine=rep.get("machine"),  # where the repeat ran (slmserve.journal); None in older files
+        beside=beside_text(rep),
         client_ok=bool(
             load.get("lag_ok", True)
             and load.get("inflight_ok", True)
@@ -165,6 +166,16 @@ def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame
         row.update(tsum)
         row.update(energy_metrics(tsum.get("energy_j"), row["output_tokens"], row["duration_s"], tsum["n_samples"]))
     return row
+
+
+def beside_text(rep: Mapping[str, Any]) -> str | None:
+    """The other GPU jobs a repeat ran beside on its host (its ``beside``, :func:`slmserve.measure.measure`),
+    as ``"<label> on GPU <ids>"`` joined by ``"; "``; ``""`` when it ran alone, None where not recorded."""
+    if "beside" not in rep:
+        return None
+    jobs = rep.get("beside") or []
+    return "; ".join(f"{j.get('label') or 'a job'} on GPU{'s' * (len(j.get('gpus') or []) > 1)} "
+                     f"{','.join(j.get('gpus') or [])}" for j in jobs)  # fmt: skip
 
 
 # A window shorter than this holds too few telemetry samples (and power readings that lag a changing load)
@@ -257,13 +268,16 @@ def _agg(col: str, dtype: pl.DataType) -> pl.Expr:
 def points(repeats: pl.DataFrame) -> pl.DataFrame:
     """One row per point (per result file, ``path``) from its repeats' rows: each metric's mean (counts:
     the smallest; flags: all true), ``n_repeats``, ``n_machines`` (how many machines its repeats ran on, where
-    they recorded it; a job resumed elsewhere gives 2) and for :data:`CI_METRICS` the SD and 95% CI."""
+    they recorded it; a job resumed elsewhere gives 2), for :data:`CI_METRICS` the SD and 95% CI, and where
+    repeats recorded the jobs beside them, ``beside`` (every such job once) and ``n_beside`` (the repeats that
+    had one)."""
     if "repeat" not in repeats.columns:
         repeats = repeats.with_columns(repeat=pl.lit(None, pl.Int64))
     if "machine" not in repeats.columns:
         repeats = repeats.with_columns(machine=pl.lit(None, pl.String))
     machines = pl.col("machine").drop_nulls()
-    aggs = [_agg(c, t).alias(c) for c, t in repeats.schema.items() if c not in ("path", "repeat", "machine")]
+    own = ("path", "repeat", "machine", "beside")
+    aggs = [_agg(c, t).alias(c) for c, t in repeats.schema.items() if c not in own]
     out = repeats.group_by("path", maintain_order=True).agg(
         *aggs, n_repeats=pl.col("repeat").count(),
         n_machines=pl.when(machines.count() > 0).then(machines.n_unique()),
@@ -275,11 +289,25 @@ def points(repeats: pl.DataFrame) -> pl.DataFrame:
             if m in group.columns:
                 d = stats.describe(group[m].to_list())
                 row.update({f"{m}_sd": d["sd"], f"{m}_ci_lo": d["ci_lo"], f"{m}_ci_hi": d["ci_hi"]})
+        if "beside" in group.columns:
+            row.update(_beside_of(group["beside"].to_list()))
         spread.append(row)
     extra = pl.DataFrame(spread, infer_schema_length=None)
-    order = [c for c in repeats.columns if c not in ("repeat", "machine")]
+    extra = extra.with_columns(pl.col(c).cast(t) for c, t in (("beside", pl.String), ("n_beside", pl.Int64))
+                               if c in extra.columns)  # fmt: skip
+    order = [c for c in repeats.columns if c not in ("repeat", "machine", "beside")]
     out = out.select([*order, "n_repeats", "n_machines"])
     return pl.concat([out, extra], how="horizontal") if extra.width else out
+
+
+def _beside_of(texts: Sequence[str | None]) -> dict[str, Any]:
+    """A point's ``beside`` (each job its repeats ran beside, once, sorted) and ``n_beside`` from its repeats'
+    :func:`beside_text`; both None where no repeat recorded it."""
+    recorded = [t for t in texts if t is not None]
+    if not recorded:
+        return {"beside": None, "n_beside": None}
+    jobs = sorted({j for t in recorded for j in t.split("; ") if j})
+    return {"beside": "; ".join(jobs), "n_beside": sum(1 for t in recorded if t)}
 
 
 def planned_row(path: str | os.PathLike[str], models: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -261,7 +261,30 @@ def _hardware_line(summary: pl.DataFrame) -> list[str]:
     if len([ids for ids in values(ok, "gpu_ids") if ids]) > 1:
         ids = "; ".join(f"{i}: {what}" for i, what in _who(ok, "gpu_ids", names))
         lines.append(f"GPU ids (the `CUDA_VISIBLE_DEVICES` each job held): {ids}")
-    return lines
+    return lines + _beside_line(ok, names)
+
+
+def _beside_line(ok: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> list[str]:
+    """Which points were measured while other GPU jobs ran on the same host (their ``n_beside`` repeats),
+    and beside which jobs: they share its CPUs, memory and power, which moves a host-bound model's numbers."""
+    if "n_beside" not in ok.columns or not ok.filter(pl.col("n_beside") > 0).height:
+        return []
+    keys = [k for k in ("model", "tp", "replicas") if k in ok.columns]
+    parts = []
+    for _, rows in ok.sort(keys).group_by(keys, maintain_order=True):
+        hit = rows.filter(pl.col("n_beside") > 0)
+        if not hit.height:
+            continue
+        r = rows.row(0, named=True)
+        what = names.get(r["model"], (r["model"],))[0]
+        what += f" on {r['tp']} GPU" + "s" * (r["tp"] > 1) if r.get("tp") is not None else ""
+        what += f" x{r['replicas']}" if r.get("replicas") is not None else ""
+        jobs = sorted({j for t in hit["beside"].drop_nulls() for j in t.split("; ") if j})
+        parts.append(f"{what}: {hit['n_beside'].sum()} of {rows['n_repeats'].sum()} repeats, beside {', '.join(jobs)}")
+    return [
+        "Measured while other GPU jobs of the workflow ran on the same host (sharing its CPUs, memory and power; "
+        "a host-bound model is slowed by them): " + "; ".join(parts)
+    ]
 
 
 def _who(ok: pl.DataFrame, col: str, names: Mapping[str, tuple[str, float]]) -> list[tuple[str, str]]:

@@ -39,7 +39,7 @@ import socket
 import time
 import weakref
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -85,10 +85,15 @@ class Allocation:
 
     ids: tuple[str, ...]
     nvml_indices: tuple[int, ...]
+    lock_dir: Path | None = field(default=None, compare=False)  # where other jobs' locks are (neighbours)
 
     @property
     def is_cpu(self) -> bool:
         return not self.ids
+
+    def neighbours(self) -> list[dict[str, Any]]:
+        """The other jobs holding GPUs of this host now (:func:`neighbours`); none for a CPU allocation."""
+        return neighbours(self.ids, self.lock_dir) if self.ids and self.lock_dir is not None else []
 
     def env(self) -> dict[str, str]:
         """Environment for the server process: ``{"CUDA_VISIBLE_DEVICES": "a,b"}``.
@@ -215,7 +220,11 @@ def who_holds(gpu: str, lock_dir: Path | None = None, env: Mapping[str, str] | N
     the probe may find the GPU busy for one poll interval. A holder that has locked but not yet written
     its info gives ``{}``.
     """
-    path = lock_path(gpu, lock_dir if lock_dir is not None else default_lock_dir(env))
+    return _holder(lock_path(gpu, lock_dir if lock_dir is not None else default_lock_dir(env)))
+
+
+def _holder(path: Path) -> dict | None:
+    """The holder info of one lock file (see :func:`who_holds`), or None if it is free or missing."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -236,6 +245,24 @@ def who_holds(gpu: str, lock_dir: Path | None = None, env: Mapping[str, str] | N
     except (ValueError, UnicodeDecodeError):
         return {"raw": raw.decode(errors="replace")}
     return info if isinstance(info, dict) else {"raw": info}
+
+
+def neighbours(own: Iterable[str], lock_dir: Path) -> list[dict[str, Any]]:
+    """The jobs other than the holder of ``own`` that hold GPU locks in ``lock_dir`` now: one
+    ``{"label", "pid", "gpus"}`` per job (its GPU ids sorted), sorted by label. Only jobs that take their
+    GPUs through this lock directory are seen: another user's, or another SLURM allocation's, are not."""
+    mine, jobs = set(own), {}
+    for path in sorted(lock_dir.glob("gpu-*.lock")):
+        try:
+            info = _holder(path)
+        except OSError:
+            continue
+        if info is None or not info.get("gpu") or info["gpu"] in mine:
+            continue  # free, or held but not yet described, or ours
+        job = jobs.setdefault((info.get("pid"), info.get("label", "")), [])
+        job.append(str(info["gpu"]))
+    out = [{"label": label, "pid": pid, "gpus": sorted(gpus)} for (pid, label), gpus in jobs.items()]
+    return sorted(out, key=lambda j: (str(j["label"]), str(j["pid"])))
 
 
 def _describe_holders(ids: Iterable[str], lock_dir: Path) -> str:
@@ -353,7 +380,7 @@ class GpuSlots:
         info["since"] = datetime.now(UTC).isoformat(timespec="seconds")
         for gid, fd in zip(ids, self._fds, strict=True):
             _write_info(fd, {**info, "gpu": gid})
-        self._allocation = Allocation(ids=ids, nvml_indices=nvml_indices(ids))
+        self._allocation = Allocation(ids=ids, nvml_indices=nvml_indices(ids), lock_dir=self.lock_dir)
         log.info("%r holds GPU(s) %s", self.label or "job", ",".join(ids))
         return self._allocation
 

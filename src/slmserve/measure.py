@@ -10,7 +10,9 @@ memory; ``unsupported``: the engine does not serve the model). Both carry the sa
 Metadata of a measured point: ``status``, ``reason`` and ``repeats``, one entry per repeat with
 ``t0_mono`` (the earliest load's start), ``servers``, ``loads``, ``server_counters`` and ``engine``
 (running-request statistics, :func:`slmserve.enginemetrics.effective_batch`), one item per server, and
-``telemetry`` (the sampler's status). :func:`repeats_of` also reads the layout of older result files.
+``telemetry`` (the sampler's status), and ``beside``: the other jobs that held GPUs of the host when the
+repeat began or ended (absent where not asked, as in older files). :func:`repeats_of` also reads the
+layout of older result files.
 """
 
 from __future__ import annotations
@@ -152,11 +154,14 @@ def measure(
     interval_s: float,
     sample: bool,
     where: str,
+    beside: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> Measurement:
     """Run ``specs[i]`` against ``servers[i]``, all at once, with the telemetry sampler (when ``sample``)
     and a poller of each server's running-request gauge; raise :class:`ServerError` if a server dies or a
-    request fails."""
+    request fails. ``beside`` (e.g. :meth:`slmserve.gpuslots.Allocation.neighbours`) lists the other jobs
+    holding GPUs of the host; asked before and after the load, its jobs are recorded as ``beside``."""
     t_start = time.monotonic()
+    jobs_before = beside() if beside is not None else []
     before = [srv.counters() for srv in servers]
     sampler = telemetry.Sampler(gpu_ids, interval_s)
     pollers = [enginemetrics.GaugePoller(srv.base_url) for srv in servers]
@@ -179,7 +184,15 @@ def measure(
         ],
         "telemetry": {"enabled": sample, **sampler.status},
     }
+    if beside is not None:
+        meta["beside"] = _union(jobs_before, beside())
     return Measurement(merge_loads(results), tel, meta, time.monotonic() - t_start)
+
+
+def _union(*lists: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The jobs of several :func:`slmserve.gpuslots.neighbours` answers, each once (by pid and label)."""
+    jobs = {(j.get("pid"), j.get("label")): dict(j) for js in lists for j in js}
+    return [jobs[k] for k in sorted(jobs, key=lambda k: (str(k[1]), str(k[0])))]
 
 
 def _window(r: LoadResult) -> tuple[float, float]:

@@ -213,7 +213,7 @@ def _measure_replicas(job: SweepJob, share: SweepJob, servers: list[VllmServer],
     runs: list[Measurement] = []
     while wants_repeat([m.wall_s for m in runs], job.repeats, job.repeat_budget_s):
         runs.append(measure(servers, specs, alloc.nvml_indices, interval_s=job.telemetry_interval_s,
-                            sample=job.telemetry_enabled, where=""))  # fmt: skip
+                            sample=job.telemetry_enabled, where="", beside=alloc.neighbours))  # fmt: skip
     meta = write_point(paths, head, runs)
     log.info("%s x%d: %d repeats, %s requests done", job.model, replicas, len(runs),
              [ld["n_ok"] for ld in runs[-1].meta["loads"]])  # fmt: skip
@@ -257,6 +257,7 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
         "latency_mean_per_replica": [p["latency_mean_s"] for p in per],
         "preemptions": sum((c or {}).get("vllm:num_preemptions_total", 0.0) for c in rep.get("server_counters") or []),
         "effective_batch": sum((e or {}).get("effective_batch") or 0.0 for e in rep.get("engine") or []) or None,
+        "beside": analysis.beside_text(rep),
     }
     t0 = rep.get("t0_mono") or 0.0
     tsum = telemetry.summarize(tel, t0 + whole["window_start_s"], t0 + whole["window_end_s"])

@@ -1,0 +1,100 @@
+"""Jobs measured beside other GPU jobs on one host: who holds the host's other GPU locks
+(:func:`slmserve.gpuslots.neighbours`), what a repeat records (``beside``), what a point's summary says
+(``beside``, ``n_beside``) and the caption line. On a 2-GPU host two one-GPU jobs run side by side and share
+the host's CPUs: OPT-125M, host-bound, measured 98.8 req/s at b=256 beside another job and 151.9 alone on
+the same H100 host (2026-11-25), so a reader must be able to tell the two apart."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from slmserve import analysis, figures, measure
+from slmserve.gpuslots import Allocation, GpuSlots, neighbours
+from slmserve.loadgen import LoadResult
+from tests.test_figures import frame, run
+
+
+def _env(tmp_path: Path, pool: str) -> dict[str, str]:
+    return {"SLMSERVE_GPU_POOL": pool, "SLMSERVE_LOCK_DIR": str(tmp_path / "locks")}
+
+
+def test_an_allocation_sees_the_other_jobs_holding_gpus_of_the_host(tmp_path: Path) -> None:
+    env = _env(tmp_path, "0,1,2")
+    with GpuSlots(1, label="opt125m tp1", env=env, timeout_s=0) as mine:
+        assert mine.neighbours() == []  # alone
+        with GpuSlots(2, label="opt1.3b tp2", env=env, timeout_s=0) as other:
+            assert mine.neighbours() == [{"label": "opt1.3b tp2", "pid": os.getpid(), "gpus": ["1", "2"]}]
+            assert other.neighbours() == [{"label": "opt125m tp1", "pid": os.getpid(), "gpus": ["0"]}]
+            assert neighbours((), tmp_path / "locks") == [  # nobody's own: both jobs, sorted by label
+                {"label": "opt1.3b tp2", "pid": os.getpid(), "gpus": ["1", "2"]},
+                {"label": "opt125m tp1", "pid": os.getpid(), "gpus": ["0"]},
+            ]
+        assert mine.neighbours() == []  # the other job released its GPUs
+    assert Allocation((), ()).neighbours() == []  # a CPU job has no GPU locks to compare
+
+
+class StandInServer:
+    """Stand-in for a running VllmServer in :func:`slmserve.measure.measure` (named as such): nothing
+    listens at its address, so the gauge poller reads nothing."""
+
+    base_url = "http://127.0.0.1:9"
+
+    def counters(self) -> dict[str, float]:
+        return {}
+
+    def info(self) -> dict[str, Any]:
+        return {"stand_in": True}
+
+    def alive(self) -> bool:
+        return True
+
+
+def _no_requests(*_a: object) -> list[LoadResult]:
+    """A made-up load result (named as such) without requests: what the loads of a repeat return."""
+    return [LoadResult(records=[], t0_mono=time.monotonic(), t0_wall=time.time(), peak_inflight=0, lag_p50_s=None,
+                       lag_p99_s=None, lag_max_s=None, lag_ok=True, inflight_ok=True, n_ok=0, n_error=0,
+                       duration_s=None, warmup_done=0)]  # fmt: skip
+
+
+def test_a_repeat_records_the_jobs_beside_it_at_its_start_and_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(measure, "_run_loads", _no_requests)
+    a = {"label": "opt1.3b tp1", "pid": 7, "gpus": ["1"]}
+    b = {"label": "opt125m tp1", "pid": 8, "gpus": ["2"]}
+    answers = iter([[a], [b, a]])  # a ran through the repeat; b started during it
+    m = measure.measure([StandInServer()], [None], [], interval_s=1.0, sample=False, where="",  # type: ignore[list-item]
+                        beside=lambda: next(answers))  # fmt: skip
+    assert m.meta["beside"] == [a, b]
+    alone = measure.measure([StandInServer()], [None], [], interval_s=1.0, sample=False, where="",  # type: ignore[list-item]
+                            beside=list)  # fmt: skip
+    assert alone.meta["beside"] == []
+    unasked = measure.measure([StandInServer()], [None], [], interval_s=1.0, sample=False, where="")  # type: ignore[list-item]
+    assert "beside" not in unasked.meta
+
+
+def test_a_points_summary_counts_the_repeats_that_had_company() -> None:
+    texts = ["opt1.3b tp1 on GPU 1", "", "opt1.3b tp1 on GPU 1; opt13b tp1 on GPU 1"]
+    rows = [{"path": "p", "repeat": i, "throughput_rps": 100.0 + i, "beside": t} for i, t in enumerate(texts)]
+    rows += [{"path": "q", "repeat": i, "throughput_rps": 100.0, "beside": None} for i in range(2)]
+    out = analysis.points(pl.DataFrame(rows))
+    assert out.row(0, named=True)["beside"] == "opt1.3b tp1 on GPU 1; opt13b tp1 on GPU 1"
+    assert out.row(0, named=True)["n_beside"] == 2
+    assert out.row(1, named=True)["beside"] is None and out.row(1, named=True)["n_beside"] is None  # older files
+    assert analysis.beside_text({"beside": [{"label": "x", "gpus": ["0", "1"]}]}) == "x on GPUs 0,1"
+    assert analysis.beside_text({"beside": []}) == "" and analysis.beside_text({}) is None
+
+
+def test_the_caption_says_which_points_ran_beside_other_jobs() -> None:
+    rows = [{**run("opt125m", b), "n_repeats": 3, "n_beside": 3, "beside": "opt1.3b tp1 on GPU 1"} for b in (1, 8)]
+    rows += [{**run("opt125m", b, tp=2), "n_repeats": 3, "n_beside": 0, "beside": ""} for b in (1, 8)]
+    _, text = figures.throughput_latency(frame(rows))
+    assert ("Measured while other GPU jobs of the workflow ran on the same host (sharing its CPUs, memory and "
+            "power; a host-bound model is slowed by them): OPT-125M on 1 GPU: 6 of 6 repeats, beside opt1.3b tp1 "
+            "on GPU 1\n") in text  # fmt: skip
+    alone = [{**run("opt125m", b), "n_repeats": 3, "n_beside": 0, "beside": ""} for b in (1, 8)]
+    assert "Measured while other GPU jobs" not in figures.throughput_latency(frame(alone))[1]
