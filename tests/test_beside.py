@@ -6,6 +6,7 @@ the same H100 host (2026-11-25), so a reader must be able to tell the two apart.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from pathlib import Path
@@ -14,10 +15,10 @@ from typing import Any
 import polars as pl
 import pytest
 
-from slmserve import analysis, figures, measure
+from slmserve import analysis, calibration, figures, measure
 from slmserve.gpuslots import Allocation, GpuSlots, neighbours
 from slmserve.loadgen import LoadResult
-from tests.test_figures import frame, run
+from tests.test_figures import GPU, frame, run
 
 
 def _env(tmp_path: Path, pool: str) -> dict[str, str]:
@@ -36,7 +37,16 @@ def test_an_allocation_sees_the_other_jobs_holding_gpus_of_the_host(tmp_path: Pa
                 {"label": "opt125m tp1", "pid": os.getpid(), "gpus": ["0"]},
             ]
         assert mine.neighbours() == []  # the other job released its GPUs
-    assert Allocation((), ()).neighbours() == []  # a CPU job has no GPU locks to compare
+        assert mine.beside is not None  # what measure() asks
+        held = os.open(tmp_path / "locks" / "gpu-1.lock", os.O_RDWR)  # locked, its holder info not yet written
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(held, b"{}")
+            assert mine.neighbours() == []
+        finally:
+            os.close(held)
+    assert Allocation((), ()).beside is None  # a CPU job: unknown, never "alone"
+    assert neighbours(("0",), tmp_path / "no-such-dir") == []
 
 
 class StandInServer:
@@ -77,6 +87,21 @@ def test_a_repeat_records_the_jobs_beside_it_at_its_start_and_end(monkeypatch: p
     assert "beside" not in unasked.meta
 
 
+def test_a_failing_question_loses_no_repeat_and_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(measure, "_run_loads", _no_requests)
+    answers = iter([[], None])
+
+    def flaky() -> list[dict[str, Any]]:
+        answer = next(answers)
+        if answer is None:
+            raise TypeError("unhashable type: 'list'")  # e.g. a lock file with odd holder info
+        return answer
+
+    m = measure.measure([StandInServer()], [None], [], interval_s=1.0, sample=False, where="",  # type: ignore[list-item]
+                        beside=flaky)  # fmt: skip
+    assert "beside" not in m.meta and m.meta["loads"]  # unknown, not "alone"; the repeat is kept
+
+
 def test_a_points_summary_counts_the_repeats_that_had_company() -> None:
     texts = ["opt1.3b tp1 on GPU 1", "", "opt1.3b tp1 on GPU 1; opt13b tp1 on GPU 1"]
     rows = [{"path": "p", "repeat": i, "throughput_rps": 100.0 + i, "beside": t} for i, t in enumerate(texts)]
@@ -87,14 +112,39 @@ def test_a_points_summary_counts_the_repeats_that_had_company() -> None:
     assert out.row(1, named=True)["beside"] is None and out.row(1, named=True)["n_beside"] is None  # older files
     assert analysis.beside_text({"beside": [{"label": "x", "gpus": ["0", "1"]}]}) == "x on GPUs 0,1"
     assert analysis.beside_text({"beside": []}) == "" and analysis.beside_text({}) is None
+    older = analysis.points(pl.DataFrame([{"path": "p", "repeat": 0, "throughput_rps": 1.0, "beside": None}]))
+    assert older.schema["beside"] == pl.String and older.schema["n_beside"] == pl.Int64  # typed, not Null
 
 
 def test_the_caption_says_which_points_ran_beside_other_jobs() -> None:
     rows = [{**run("opt125m", b), "n_repeats": 3, "n_beside": 3, "beside": "opt1.3b tp1 on GPU 1"} for b in (1, 8)]
     rows += [{**run("opt125m", b, tp=2), "n_repeats": 3, "n_beside": 0, "beside": ""} for b in (1, 8)]
+    rows += [{**run("opt125m", 512), "n_repeats": 2, "n_beside": None, "beside": None}]  # an older file: unknown
     _, text = figures.throughput_latency(frame(rows))
     assert ("Measured while other GPU jobs of the workflow ran on the same host (sharing its CPUs, memory and "
-            "power; a host-bound model is slowed by them): OPT-125M on 1 GPU: 6 of 6 repeats, beside opt1.3b tp1 "
-            "on GPU 1\n") in text  # fmt: skip
+            "power; a host-bound model is slowed by them): OPT-125M on 1 GPU at b=1, 8: 6 of 6 repeats, beside "
+            "opt1.3b tp1 on GPU 1\n") in text  # fmt: skip
     alone = [{**run("opt125m", b), "n_repeats": 3, "n_beside": 0, "beside": ""} for b in (1, 8)]
     assert "Measured while other GPU jobs" not in figures.throughput_latency(frame(alone))[1]
+
+
+def test_the_calibration_table_says_when_a_point_was_not_measured_alone() -> None:
+    base = {"machine": "m1", "model": "opt125m", "gpu_model": "H100", "driver": "580", "cpu_model": "Xeon",
+            "cpu_cores": 32, "engine_version": "0.26.0", "batch_size": 256, "n": 3, "throughput_rps": 100.0,
+            "throughput_rps_sd": 1.0, "cv": 0.01, "ci_lo": 98.0, "ci_hi": 102.0, "created": "t",
+            "path": "p"}  # fmt: skip
+    alone = pl.DataFrame([{**base, "n_beside": 0, "beside": ""}])
+    assert "beside" not in calibration.to_markdown(alone)
+    shared = pl.DataFrame([{**base, "n_beside": 2, "beside": "opt13b tp1 on GPU 1"}])
+    assert ("- m1 opt125m: 2 of 3 repeats measured beside other GPU jobs of the host (opt13b tp1 on GPU 1)"
+            in calibration.to_markdown(shared))  # fmt: skip
+
+
+def test_a_replication_caption_names_the_replicas_that_ran_beside_other_jobs() -> None:
+    rows = [{"model": "opt125m", "family": "OPT", "params": "125M", "replicas": n, "batch_per_replica": 512 // n,
+             "plan": "equal", "status": "ok", "reason": None, "gpu_model": GPU, "engine": "vllm",
+             "engine_version": "0.26.0", "input_len": 512, "output_len": 256, "n_ok": 500,
+             "throughput_rps": 10.0 * n, "latency_mean_s": 30.0 / n, "n_repeats": 3, "n_beside": 3 * (n == 2),
+             "beside": "opt1.3b tp1 on GPU 1" if n == 2 else ""} for n in (1, 2, 3)]  # fmt: skip
+    _, text = figures.replication_tradeoff(frame(rows))
+    assert "a host-bound model is slowed by them): OPT-125M x2: 3 of 3 repeats, beside opt1.3b tp1 on GPU 1\n" in text

@@ -290,7 +290,7 @@ def points(repeats: pl.DataFrame) -> pl.DataFrame:
                 d = stats.describe(group[m].to_list())
                 row.update({f"{m}_sd": d["sd"], f"{m}_ci_lo": d["ci_lo"], f"{m}_ci_hi": d["ci_hi"]})
         if "beside" in group.columns:
-            row.update(_beside_of(group["beside"].to_list()))
+            row.update(beside_of(group["beside"].to_list()))
         spread.append(row)
     extra = pl.DataFrame(spread, infer_schema_length=None)
     extra = extra.with_columns(pl.col(c).cast(t) for c, t in (("beside", pl.String), ("n_beside", pl.Int64))
@@ -300,7 +300,7 @@ def points(repeats: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([out, extra], how="horizontal") if extra.width else out
 
 
-def _beside_of(texts: Sequence[str | None]) -> dict[str, Any]:
+def beside_of(texts: Sequence[str | None]) -> dict[str, Any]:
     """A point's ``beside`` (each job its repeats ran beside, once, sorted) and ``n_beside`` from its repeats'
     :func:`beside_text`; both None where no repeat recorded it."""
     recorded = [t for t in texts if t is not None]

@@ -5,9 +5,10 @@ default OPT-125M and OPT-1.3B at batch 256, 3 repeats), written as ``calibration
 .parquet`` (:mod:`slmserve.machine` names the machine). :func:`table` gives one row per such file: the
 machine, its GPU model and driver, host CPU model and cores, engine version, batch, ``n`` repeats and the
 system throughput (req/s) as mean, SD, ``cv = sd / mean`` and 95% CI (:func:`slmserve.stats.describe` over
-the repeats of :func:`slmserve.analysis.summarize_repeats`), and when it was measured. :func:`spread`: per
-model, the ratio of the largest machine mean to the smallest and of their CIs' bounds (no claim without 2
-machines).
+the repeats of :func:`slmserve.analysis.summarize_repeats`), the repeats it measured beside other GPU jobs
+of the host (``n_beside``, ``beside``: :func:`slmserve.analysis.beside_of`), and when it was measured.
+:func:`spread`: per model, the ratio of the largest machine mean to the smallest and of their CIs' bounds (no
+claim without 2 machines).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import polars as pl
 from slmserve import analysis, io, layout, stats
 
 COLUMNS = ("machine", "model", "gpu_model", "driver", "cpu_model", "cpu_cores", "engine_version", "batch_size",
-           "n", "throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi", "created", "path")  # fmt: skip
+           "n", "throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi", "n_beside", "beside", "created",
+           "path")  # fmt: skip
 _FLOATS = ("throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi")
 
 
@@ -39,7 +41,8 @@ def row(path: str | os.PathLike[str]) -> dict[str, Any]:
         "engine_version": prov.get("engine_version"), "batch_size": reps[0].get("batch_size"), "n": d["n"],
         "throughput_rps": d["mean"], "throughput_rps_sd": d["sd"],
         "cv": d["sd"] / d["mean"] if d["sd"] is not None and d["mean"] else None,
-        "ci_lo": d["ci_lo"], "ci_hi": d["ci_hi"], "created": prov.get("created"), "path": str(path),
+        "ci_lo": d["ci_lo"], "ci_hi": d["ci_hi"], **analysis.beside_of([r.get("beside") for r in reps]),
+        "created": prov.get("created"), "path": str(path),
     }  # fmt: skip
 
 
@@ -96,4 +99,8 @@ def to_markdown(frame: pl.DataFrame) -> str:
               f"(highest / lowest {r['ratio']:.3f})" for r in sp.iter_rows(named=True)]  # fmt: skip
     if sp.is_empty():
         notes.append("- No model has been calibrated on two machines yet: no spread between machines.")
+    if "n_beside" in frame.columns:  # a point meant to be measured alone that was not
+        notes += [f"- {r['machine']} {r['model']}: {r['n_beside']} of {r['n']} repeats measured beside other GPU "
+                  f"jobs of the host ({r['beside']}), which can slow a host-bound model"
+                  for r in frame.filter(pl.col("n_beside") > 0).iter_rows(named=True)]  # fmt: skip
     return "\n".join([head, *body, *notes]) + "\n"

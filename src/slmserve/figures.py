@@ -265,13 +265,14 @@ def _hardware_line(summary: pl.DataFrame) -> list[str]:
 
 
 def _beside_line(ok: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> list[str]:
-    """Which points were measured while other GPU jobs ran on the same host (their ``n_beside`` repeats),
-    and beside which jobs: they share its CPUs, memory and power, which moves a host-bound model's numbers."""
+    """Which points were measured while other GPU jobs ran on the same host (their ``n_beside`` repeats of
+    the repeats that recorded it), at which batch sizes and beside which jobs: they share the host's CPUs,
+    memory and power, which moves a host-bound model's numbers."""
     if "n_beside" not in ok.columns or not ok.filter(pl.col("n_beside") > 0).height:
         return []
-    keys = [k for k in ("model", "tp", "replicas") if k in ok.columns]
+    keys = [k for k in ("model", "tp", "replicas", "plan", "mps") if k in ok.columns]
     parts = []
-    for _, rows in ok.sort(keys).group_by(keys, maintain_order=True):
+    for _, rows in ok.filter(pl.col("n_beside").is_not_null()).sort(keys).group_by(keys, maintain_order=True):
         hit = rows.filter(pl.col("n_beside") > 0)
         if not hit.height:
             continue
@@ -279,8 +280,13 @@ def _beside_line(ok: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> li
         what = names.get(r["model"], (r["model"],))[0]
         what += f" on {r['tp']} GPU" + "s" * (r["tp"] > 1) if r.get("tp") is not None else ""
         what += f" x{r['replicas']}" if r.get("replicas") is not None else ""
+        what += f" ({r['plan']}{', MPS' if r.get('mps') else ''})" if r.get("plan") == "advisor" else ""
+        if "batch_size" in hit.columns and hit["batch_size"].is_not_null().all():
+            what += " at b=" + ", ".join(map(str, sorted(set(hit["batch_size"].to_list()))))
+        total = rows["n_repeats"].sum() if "n_repeats" in rows.columns else None
+        count = f"{hit['n_beside'].sum()} of {total} repeats" if total else f"{hit['n_beside'].sum()} repeats"
         jobs = sorted({j for t in hit["beside"].drop_nulls() for j in t.split("; ") if j})
-        parts.append(f"{what}: {hit['n_beside'].sum()} of {rows['n_repeats'].sum()} repeats, beside {', '.join(jobs)}")
+        parts.append(f"{what}: {count}, beside {', '.join(jobs)}")
     return [
         "Measured while other GPU jobs of the workflow ran on the same host (sharing its CPUs, memory and power; "
         "a host-bound model is slowed by them): " + "; ".join(parts)

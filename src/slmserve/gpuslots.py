@@ -38,7 +38,7 @@ import re
 import socket
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,8 +92,14 @@ class Allocation:
         return not self.ids
 
     def neighbours(self) -> list[dict[str, Any]]:
-        """The other jobs holding GPUs of this host now (:func:`neighbours`); none for a CPU allocation."""
-        return neighbours(self.ids, self.lock_dir) if self.ids and self.lock_dir is not None else []
+        """The other jobs holding GPUs of this host now (:func:`neighbours`)."""
+        return neighbours(self.ids, self.lock_dir) if self.lock_dir is not None else []
+
+    @property
+    def beside(self) -> Callable[[], list[dict[str, Any]]] | None:
+        """:meth:`neighbours` for :func:`slmserve.measure.measure` where the locks can tell (GPUs taken
+        through a lock directory); None for a CPU job, which shares the host's CPUs with jobs no lock shows."""
+        return self.neighbours if self.ids and self.lock_dir is not None else None
 
     def env(self) -> dict[str, str]:
         """Environment for the server process: ``{"CUDA_VISIBLE_DEVICES": "a,b"}``.
@@ -250,11 +256,13 @@ def _holder(path: Path) -> dict | None:
 def neighbours(own: Iterable[str], lock_dir: Path) -> list[dict[str, Any]]:
     """The jobs other than the holder of ``own`` that hold GPU locks in ``lock_dir`` now: one
     ``{"label", "pid", "gpus"}`` per job (its GPU ids sorted), sorted by label. Only jobs that take their
-    GPUs through this lock directory are seen: another user's, or another SLURM allocation's, are not."""
+    GPUs through this lock directory are seen: another user's, or another SLURM allocation's, are not. Each
+    held lock is probed as :func:`who_holds` does: an acquirer meeting the probe retries a poll later."""
     mine, jobs = set(own), {}
     for path in sorted(lock_dir.glob("gpu-*.lock")):
         try:
-            info = _holder(path)
+            # a released lock is emptied: skip it unprobed, so an acquirer rarely meets the probe's lock
+            info = _holder(path) if path.stat().st_size else None
         except OSError:
             continue
         if info is None or not info.get("gpu") or info["gpu"] in mine:

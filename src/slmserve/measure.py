@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -33,6 +34,7 @@ from slmserve.loadgen import FRAME_SCHEMA, LoadResult, LoadSpec, result_meta, ru
 from slmserve.server import ServerError, VllmServer, log_tail
 
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 # The columns of a point's result files: the load generator's and the telemetry sampler's, and the repeat.
 REQUESTS_SCHEMA: dict[str, pl.DataType] = {**FRAME_SCHEMA, "repeat": pl.Int32()}
 TELEMETRY_SCHEMA: dict[str, pl.DataType] = {**telemetry.SCHEMA, "repeat": pl.Int32()}
@@ -161,7 +163,7 @@ def measure(
     request fails. ``beside`` (e.g. :meth:`slmserve.gpuslots.Allocation.neighbours`) lists the other jobs
     holding GPUs of the host; asked before and after the load, its jobs are recorded as ``beside``."""
     t_start = time.monotonic()
-    jobs_before = beside() if beside is not None else []
+    jobs_before = _ask(beside)
     before = [srv.counters() for srv in servers]
     sampler = telemetry.Sampler(gpu_ids, interval_s)
     pollers = [enginemetrics.GaugePoller(srv.base_url) for srv in servers]
@@ -184,9 +186,21 @@ def measure(
         ],
         "telemetry": {"enabled": sample, **sampler.status},
     }
-    if beside is not None:
-        meta["beside"] = _union(jobs_before, beside())
+    jobs_after = _ask(beside)
+    if jobs_before is not None and jobs_after is not None:
+        meta["beside"] = _union(jobs_before, jobs_after)
     return Measurement(merge_loads(results), tel, meta, time.monotonic() - t_start)
+
+
+def _ask(beside: Callable[[], list[dict[str, Any]]] | None) -> list[dict[str, Any]] | None:
+    """``beside()``, or None where not asked or where it failed: a measured repeat is never lost to it."""
+    if beside is None:
+        return None
+    try:
+        return beside()
+    except Exception as exc:  # the repeat then records no `beside` (unknown), never "alone"
+        log.warning("could not tell which jobs ran beside this repeat: %s", exc)
+        return None
 
 
 def _union(*lists: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

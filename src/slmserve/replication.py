@@ -213,7 +213,7 @@ def _measure_replicas(job: SweepJob, share: SweepJob, servers: list[VllmServer],
     runs: list[Measurement] = []
     while wants_repeat([m.wall_s for m in runs], job.repeats, job.repeat_budget_s):
         runs.append(measure(servers, specs, alloc.nvml_indices, interval_s=job.telemetry_interval_s,
-                            sample=job.telemetry_enabled, where="", beside=alloc.neighbours))  # fmt: skip
+                            sample=job.telemetry_enabled, where="", beside=alloc.beside))  # fmt: skip
     meta = write_point(paths, head, runs)
     log.info("%s x%d: %d repeats, %s requests done", job.model, replicas, len(runs),
              [ld["n_ok"] for ld in runs[-1].meta["loads"]])  # fmt: skip

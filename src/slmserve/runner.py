@@ -268,7 +268,7 @@ def measure_point(p: Point, srv: VllmServer, alloc: Allocation, prompts: pl.Data
     spec = load_spec(p.job, srv, p.batch, prompts.head(requests_for(p.job, p.batch)))
     return measure([srv], [spec], alloc.nvml_indices, interval_s=p.job.telemetry_interval_s,
                    sample=p.job.telemetry_enabled, where=where or f"at batch {p.batch}",
-                   beside=alloc.neighbours)  # fmt: skip
+                   beside=alloc.beside)  # fmt: skip
 
 
 def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measurement], repeats: int,
