@@ -277,15 +277,14 @@ def _beside_line(ok: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> li
         if not hit.height:
             continue
         r = rows.row(0, named=True)
-        what = names.get(r["model"], (r["model"],))[0]
-        what += f" on {r['tp']} GPU" + "s" * (r["tp"] > 1) if r.get("tp") is not None else ""
+        what = _model_on(r, names, r.get("tp") is not None)
         what += f" x{r['replicas']}" if r.get("replicas") is not None else ""
         what += f" ({r['plan']}{', MPS' if r.get('mps') else ''})" if r.get("plan") == "advisor" else ""
         if "batch_size" in hit.columns and hit["batch_size"].is_not_null().all():
             what += " at b=" + ", ".join(map(str, sorted(set(hit["batch_size"].to_list()))))
         total = rows["n_repeats"].sum() if "n_repeats" in rows.columns else None
         count = f"{hit['n_beside'].sum()} of {total} repeats" if total else f"{hit['n_beside'].sum()} repeats"
-        jobs = sorted({j for t in hit["beside"].drop_nulls() for j in t.split("; ") if j})
+        jobs = sorted({j for t in hit["beside"].drop_nulls() for j in t.split("; ") if j})  # union over points
         parts.append(f"{what}: {count}, beside {', '.join(jobs)}")
     return [
         "Measured while other GPU jobs of the workflow ran on the same host (sharing its CPUs, memory and power; "
@@ -299,10 +298,14 @@ def _who(ok: pl.DataFrame, col: str, names: Mapping[str, tuple[str, float]]) -> 
     out = []
     for (value,), rows in ok.filter(pl.col(col).is_not_null()).sort(col).group_by(col, maintain_order=True):
         keys = rows.select("model", *(["tp"] if tp else [])).unique().sort(pl.all())
-        what = [names.get(r["model"], (r["model"],))[0] + (f" on {r['tp']} GPU" + "s" * (r["tp"] > 1) if tp else "")
-                for r in keys.iter_rows(named=True)]  # fmt: skip
-        out.append((str(value), ", ".join(what)))
+        out.append((str(value), ", ".join(_model_on(r, names, tp) for r in keys.iter_rows(named=True))))
     return out
+
+
+def _model_on(row: Mapping[str, Any], names: Mapping[str, tuple[str, float]], gpus: bool) -> str:
+    """The model's display name, with ``on <tp> GPU(s)`` when ``gpus``."""
+    name = names.get(row["model"], (row["model"],))[0]
+    return name + (f" on {row['tp']} GPU" + "s" * (row["tp"] > 1) if gpus else "")
 
 
 def mixed_gpus(runs: pl.DataFrame) -> bool:
