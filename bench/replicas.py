@@ -28,7 +28,6 @@ clocks).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import sys
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from bench.batch_control import cli, shrunk, smoke_args, sweep_job, write_table
-from slmserve import io, measure, replication, runner, stats
+from slmserve import capacity, io, measure, replication, runner, stats
 
 log = logging.getLogger("replicas")
 VARIANTS = ("sequential", "together", "sequential-mps", "together-mps")
@@ -72,10 +71,10 @@ def plan_name(path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
-    probe = json.loads(args.probe.read_text())
+    probe = capacity.read_probe(args.probe)
     base = sweep_job(args.model, "restart", args.prompts, args.out, [1], repeats=args.repeats, requests=args.requests)
     base = shrunk(base, args)
-    one_gpu_max = runner.max_batch_from_probe(probe, base.fits, str(args.probe))
+    one_gpu_max = runner.max_batch_from_probe(probe, base.fits)
     plans = [parse_plan(p) for p in args.plans]
     if args.advisor:
         plans.append(advisor_plan(args.advisor, args.model, args.max_replicas))

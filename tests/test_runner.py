@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from slmserve import analysis, dataset, figures, io, journal, runner
+from slmserve import analysis, capacity, dataset, figures, io, journal, runner
 from slmserve.server import InfeasibleError, UnsupportedError
 from tests.conftest import ROOT
 
@@ -80,13 +80,13 @@ def test_a_kv_probe_of_an_unsupported_model_is_a_result(tmp_path: Path, monkeypa
     out = tmp_path / "mpt7b-whole.json"
     result = runner.probe_capacity(job, None, out)
     assert StandInUnsupportedServer.starts == 1
-    on_disk = json.loads(out.read_text())
+    on_disk = capacity.read_probe(out)
     assert on_disk["status"] == result["status"] == "unsupported"
     assert on_disk["reason"] == "Model architectures ['MPTForCausalLM'] are not supported for now"
     assert on_disk["kv_cache_tokens"] is None and on_disk["max_batch_admission"] is None  # not a capacity of 0
     assert on_disk["provenance"]["config_hash"]
     with pytest.raises(UnsupportedError, match=r"mpt7b-whole.json: the engine does not serve mpt7b \(Model arch"):
-        runner.max_batch_from_probe(on_disk, "admission", str(out))
+        runner.max_batch_from_probe(on_disk, "admission")
 
 
 def test_prompt_ids_are_folded_into_a_smaller_vocabulary(tmp_path: Path) -> None:
@@ -282,3 +282,56 @@ def test_restart_mode_does_not_record_a_later_point_with_saved_repeats_as_unsupp
     with pytest.raises(runner.ServerError, match=r"bs8.requests.parquet: repeats are saved"):
         runner.run_sweep(job)
     assert not job.outputs[8][0].exists() and journal.has_saved(job.outputs[8], later.meta_run())
+
+
+H100 = {"gpu_models": ["NVIDIA H100 80GB HBM3"], "engine": "vllm", "engine_version": "0.26.0"}
+H200 = {**H100, "gpu_models": ["NVIDIA H200"]}
+
+
+def _probe_of(tmp_path: Path, prov: dict) -> dict:
+    """A whole-GPU probe file of OPT-6.7B measured on ``prov``'s machine, as the jobs read it."""
+    path = tmp_path / "opt6.7b-whole.json"
+    body = {"model": "opt6.7b", "status": "ok", "kv_cache_tokens": 118_976, "max_batch_admission": 128,
+            "max_batch_no_preemption": 128, "gpu_memory_utilization": 0.9, "provenance": prov}  # fmt: skip
+    path.write_text(json.dumps(body))
+    return capacity.read_probe(path)
+
+
+def test_a_probe_of_another_kind_of_machine_is_refused(tmp_path: Path) -> None:
+    probe = _probe_of(tmp_path, H100)
+    assert probe["source"] == str(tmp_path / "opt6.7b-whole.json")
+    capacity.check_probe(probe, H100)  # the same kind: nothing to say
+    capacity.check_probe(probe, {**H200, "gpu_models": []})  # NVML named no GPU here: not another kind
+    with pytest.raises(capacity.ProbeMismatch) as err:
+        capacity.check_probe(probe, H200)
+    said = str(err.value)
+    assert said.startswith(f"{tmp_path}/opt6.7b-whole.json: measured on another kind of machine")
+    assert "gpu_models ['NVIDIA H100 80GB HBM3'] there, ['NVIDIA H200'] here" in said
+    assert f"`snakemake {tmp_path}/opt6.7b-whole.json --force`" in said and "outdir of its own" in said
+    with pytest.raises(capacity.ProbeMismatch, match="engine 'vllm' there, 'vllm-cpu' here"):
+        capacity.check_probe(probe, {**H100, "engine": "vllm-cpu"})
+
+
+def test_jobs_sized_by_a_probe_refuse_one_of_another_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replication and output-length points take their batch (and replicas their memory) from the whole-GPU
+    probe: on an H200 an H100's probe would give the H100's batch, so the job stops before any server starts
+    and writes nothing."""
+    from slmserve import provenance, replication
+    from tests.test_replicas import _cpu_job
+
+    job = _cpu_job(tmp_path, monkeypatch)
+    monkeypatch.setattr(provenance, "gpu_info", lambda ids: {"gpu_models": ["NVIDIA H200"], "driver": "580"})
+    monkeypatch.setattr(provenance, "engine_info", lambda: {"engine": "vllm", "engine_version": "0.26.0"})
+    monkeypatch.setattr(runner, "VllmServer", StandInUnsupportedServer)
+    StandInUnsupportedServer.starts = 0
+    probe = _probe_of(tmp_path, H100)
+    out = tmp_path / "opt6.7b_r2.parquet"
+    with pytest.raises(capacity.ProbeMismatch, match="H100 80GB HBM3'] there, \\['NVIDIA H200'\\] here"):
+        replication.run_replication(job, 2, 128, out, probe=probe, use_mps=True)  # MPS: no server either way
+    assert not out.exists()
+    points = {(32, float("inf")): (tmp_path / "out32.requests.parquet", tmp_path / "out32.telemetry.parquet")}
+    with pytest.raises(capacity.ProbeMismatch, match=r"opt6\.7b-whole\.json: measured on another kind"):
+        runner.run_points(job, 128, points, probe)
+    assert StandInUnsupportedServer.starts == 0 and not points[32, float("inf")][0].exists()
+    replication.run_replication(job, 2, 128, out, probe=_probe_of(tmp_path, H200), use_mps=True)  # its own GPU's
+    assert io.read_meta(out)["status"] == "unsupported"  # MPS needs a GPU: this CPU job has none

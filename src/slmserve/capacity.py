@@ -16,11 +16,36 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from slmserve import provenance
+
 # The paper's Table 1: maximum batch size on a 40 GB A100 (36 GB for vLLM), capped at 512.
 PAPER_TABLE1: dict[str, int] = {"opt125m": 512, "opt1.3b": 256, "opt2.7b": 128, "opt6.7b": 64, "opt13b": 16}
 PAPER_WEIGHTS_GB: dict[str, float] = {"opt125m": 0.25, "opt1.3b": 2.6, "opt2.7b": 5.4, "opt6.7b": 13.4, "opt13b": 26.0}
 BATCH_CAP = 512
 FP16 = 2
+
+
+class ProbeMismatch(RuntimeError):
+    """A KV-cache probe was measured on another GPU model or engine than the job that would size itself by it."""
+
+
+def read_probe(path: str | Path) -> dict[str, Any]:
+    """A KV-cache probe (the JSON of :func:`slmserve.runner.probe_capacity`) with ``source``, its file."""
+    return {**json.loads(Path(path).read_text()), "source": str(path)}
+
+
+def check_probe(probe: Mapping[str, Any], here: Mapping[str, Any]) -> None:
+    """Raise :class:`ProbeMismatch` if ``probe`` ran on another GPU model or engine than ``here`` (the job's
+    :func:`slmserve.provenance.kind`): its KV-cache size, and the batch and replica memory a job takes from
+    it, are another machine's (an H100's 118,976 tokens of OPT-6.7B against an H200's 230,720)."""
+    said = provenance.kind_differences(probe.get("provenance") or {}, here)
+    if said:
+        source = probe.get("source", "the KV-cache probe")
+        raise ProbeMismatch(
+            f"{source}: measured on another kind of machine than this job's ({said}), so the batch and memory "
+            f"it gives are that machine's. Probe this one (`snakemake {source} --force` replaces the file), or "
+            "measure this GPU into an outdir of its own (a profile with its own `outdir`)"
+        )
 
 
 def load_config(folder: str | Path) -> dict[str, Any]:

@@ -28,15 +28,13 @@ import polars as pl
 
 from slmserve import io
 from slmserve.measure import Measurement
-from slmserve.provenance import config_hash
+from slmserve.provenance import config_hash, kind_differences
 
 log = logging.getLogger(__name__)
 
 DIR = ".partial"
 # Settings that decide how many repeats a point gets, not what one repeat measures.
 NOT_IN_KEY = ("repeats", "repeat_budget_s", "batch_sizes")
-# What the repeats of one point must share beyond the settings: the hardware and the engine that measured them.
-SAME_KIND = ("gpu_models", "engine", "engine_version")
 
 
 class ResumeMismatch(RuntimeError):
@@ -108,12 +106,9 @@ class Journal:
 
     def _check_kind(self, path: Path, saved: Mapping[str, Any]) -> None:
         """Raise :class:`ResumeMismatch` if the saved repeat ``path`` ran on another GPU model or engine
-        version than this job (a key either side does not record is not compared)."""
-        # an empty GPU list is NVML failing to name the GPUs, not another kind of machine
-        differ = {k: (saved[k], self.provenance[k]) for k in SAME_KIND
-                  if saved.get(k) and self.provenance.get(k) and saved[k] != self.provenance[k]}  # fmt: skip
-        if differ:
-            said = "; ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items())
+        version than this job (:func:`slmserve.provenance.kind_differences`)."""
+        said = kind_differences(saved, self.provenance)
+        if said:
             raise ResumeMismatch(
                 f"{path}: a saved repeat of this point was measured elsewhere ({said}); one point must not mix "
                 f"them. Run the job where it was measured, or move {path.parent} away to measure the point "

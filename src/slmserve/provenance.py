@@ -32,6 +32,25 @@ def engine_info() -> dict[str, Any]:
     return {"engine": None, "engine_version": None}
 
 
+# What results measured apart must share to be combined or used together: the hardware and the engine.
+SAME_KIND = ("gpu_models", "engine", "engine_version")
+
+
+def kind(gpu_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """This job's :data:`SAME_KIND` keys: the engine and the models of the GPUs ``gpu_ids`` (NVML ids)."""
+    info = {**engine_info(), **gpu_info(gpu_ids)}
+    return {k: info.get(k) for k in SAME_KIND}
+
+
+def kind_differences(there: Mapping[str, Any], here: Mapping[str, Any]) -> str | None:
+    """Where two provenances differ in :data:`SAME_KIND`, e.g. ``gpu_models ['NVIDIA H100 80GB HBM3'] there,
+    ['NVIDIA H200'] here``; None if they agree. A key either side does not record is not compared (an empty
+    GPU list is NVML failing to name the GPUs, not another kind of machine)."""
+    differ = [f"{k} {there[k]!r} there, {here[k]!r} here" for k in SAME_KIND
+              if there.get(k) and here.get(k) and there[k] != here[k]]  # fmt: skip
+    return "; ".join(differ) or None
+
+
 def git_sha(repo: str | os.PathLike[str] | None = None) -> str | None:
     """The checkout's commit (``-dirty`` if tracked files changed); for a copy without ``.git`` (an
     exported tree on a GPU host), the value of ``SLMSERVE_GIT_SHA`` if set, else None."""

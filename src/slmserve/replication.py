@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from slmserve import analysis, capacity, layout, mps, nvml, telemetry
+from slmserve import analysis, capacity, layout, mps, nvml, provenance, telemetry
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.jobguard import guard
 from slmserve.measure import Measurement, batch_fits, header, measure, write_point, write_unmeasured
@@ -142,7 +142,8 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *
                     record: Mapping[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Run ``replicas`` servers of ``job.model`` on one GPU, started ``sequential`` or ``together``, under
     MPS if ``use_mps``; write ``out`` (requests of all replicas, column ``replica``) and the telemetry beside
-    it (:func:`slmserve.analysis.telemetry_path`). ``probe`` is the whole-GPU KV-cache probe. Each replica
+    it (:func:`slmserve.analysis.telemetry_path`). ``probe`` is the whole-GPU KV-cache probe, which must be of
+    this job's kind of GPU (:func:`slmserve.capacity.check_probe`). Each replica
     gets an equal share of the memory and the batch ``batch``, by default the one-GPU maximum split evenly
     (``one_gpu_max // replicas``, the paper's plan ``equal``); a plan of its own gives it and its name (``plan``:
     ``advisor``, or ``given`` by default), recorded with the run (and ``record``, e.g. the advisor's row)."""
@@ -161,6 +162,8 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *
     with guard([out], f"{job.model} x{replicas}"):
         prompts = load_prompts(job)
         with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
+            if probe is not None:  # the batch (and with `together`, each replica's memory) came from it
+                capacity.check_probe(probe, provenance.kind(alloc.nvml_indices))
             run = _run_record(job, replicas, batch, one_gpu_max, plan, start, use_mps, record)
             head = header(run, alloc.ids, alloc.nvml_indices)
             if batch < 1:

@@ -23,7 +23,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -403,13 +403,17 @@ def run_sweep(job: SweepJob) -> None:
                 discard_saved(p.paths)
 
 
-def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[Path, Path]]) -> None:
+def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[Path, Path]],
+               probe: Mapping[str, Any] | None = None) -> None:  # fmt: skip
     """Several workloads (output length, arrival rate) at one batch on ONE server, ``--max-num-seqs`` =
-    ``batch``: the server's configuration is the same for all of them."""
+    ``batch``: the server's configuration is the same for all of them. ``probe``, the KV-cache probe the
+    batch came from, must be of this job's kind of GPU (:func:`slmserve.capacity.check_probe`)."""
     with guard([paths[0] for paths in points.values()], f"{job.model} points"):
         prompts = load_prompts(job)
         with _job_gpus(job, "points") as alloc:
             _check_gpus(job, alloc)
+            if probe is not None:
+                capacity.check_probe(probe, provenance.kind(alloc.nvml_indices))
             todo = []
             for (out_len, rate), paths in points.items():
                 point_job = dataclasses.replace(job, output_len=out_len, arrival_rate=rate, outputs={batch: paths},
@@ -459,9 +463,10 @@ def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[st
     return result
 
 
-def max_batch_from_probe(probe: dict[str, Any], fits: str, source: str = "the KV-cache probe") -> int:
-    """The one-GPU maximum batch of a probe by the rule ``fits``; an error naming the probe if the engine
-    does not serve the model."""
+def max_batch_from_probe(probe: dict[str, Any], fits: str) -> int:
+    """The one-GPU maximum batch of a probe (:func:`slmserve.capacity.read_probe`) by the rule ``fits``; an
+    error naming the probe if the engine does not serve the model."""
+    source = probe.get("source", "the KV-cache probe")
     if probe.get("status") == "unsupported":
         raise UnsupportedError(
             f"{source}: the engine does not serve {probe.get('model')} ({probe.get('reason')}); take it out of "

@@ -1,19 +1,18 @@
 """Snakemake entry point of rules `replication` (n replicas of one model on one GPU, the paper's equal split)
 and `replication_plan` (the batching advisor's plan from the model's one-GPU sweep, plain or under MPS)."""
 
-import json
 from pathlib import Path
 
 from common import log_to_file, sweep_job
 
-from slmserve import advisor
+from slmserve import advisor, capacity
 from slmserve.replication import advisor_plan, run_advisor_plan, run_replication
 from slmserve.runner import max_batch_from_probe
 
 log_to_file(snakemake)
 inp, params, wildcards = snakemake.input, snakemake.params, snakemake.wildcards
-probe = json.loads(Path(inp.capacity).read_text())
-one_gpu_max = max_batch_from_probe(probe, params.job["fits"], inp.capacity)
+probe = capacity.read_probe(inp.capacity)
+one_gpu_max = max_batch_from_probe(probe, params.job["fits"])
 settings = snakemake.config["experiments"]["replication"]
 out = Path(snakemake.output.requests)
 if snakemake.rule == "replication_plan":
