@@ -85,9 +85,16 @@ def test_table_of_two_machines(tmp_path: Path) -> None:
     md = calibration.to_markdown(frame)
     assert "| h100-80gb-hbm3-0000aaaa | NVIDIA H100 80GB HBM3 (580.159.04) | Intel(R) Xeon(R) Processor (16) |" in md
     assert f"{r['throughput_rps']:.1f} [{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] | 3 |" in md
-    assert "- opt1.3b: 2 machines" in md and "(highest / lowest 1.000)" in md
+    assert "- opt1.3b on NVIDIA H100 80GB HBM3: 2 machines" in md and "(highest / lowest 1.000)" in md
     one = calibration.to_markdown(frame.head(1))
-    assert "No model has been calibrated on two machines yet" in one
+    assert "No model has been calibrated on two machines of one GPU model yet" in one
+    # a third machine of another GPU model is no part of the H100s' spread, nor a spread of its own
+    h200 = frame.head(1).with_columns(machine=pl.lit("h200-0000cccc"), gpu_model=pl.lit("NVIDIA H200"),
+                                      throughput_rps=pl.lit(2 * r["throughput_rps"]))  # fmt: skip
+    mixed = pl.concat([frame, h200])
+    assert calibration.spread(mixed).select("gpu_model", "machines", "ratio").rows() == [
+        ("NVIDIA H100 80GB HBM3", 2, pytest.approx(1.0))]  # fmt: skip
+    assert "each line above is one GPU model's" in calibration.to_markdown(mixed)
 
 
 def test_table_names_a_file_that_is_not_a_calibration_point(tmp_path: Path) -> None:

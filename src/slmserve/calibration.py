@@ -7,8 +7,8 @@ machine, its GPU model and driver, host CPU model and cores, engine version, bat
 system throughput (req/s) as mean, SD, ``cv = sd / mean`` and 95% CI (:func:`slmserve.stats.describe` over
 the repeats of :func:`slmserve.analysis.summarize_repeats`), the repeats it measured beside other GPU jobs
 of the host (``n_beside``, ``beside``: :func:`slmserve.analysis.beside_of`), and when it was measured.
-:func:`spread`: per model, the ratio of the largest machine mean to the smallest and of their CIs' bounds (no
-claim without 2 machines).
+:func:`spread`: per model and GPU model, the ratio of the largest machine mean to the smallest (no claim without
+2 machines of one GPU model: an H200 beside H100s is another GPU, not a faster machine).
 """
 
 from __future__ import annotations
@@ -56,10 +56,11 @@ def table(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
 
 
 def spread(frame: pl.DataFrame) -> pl.DataFrame:
-    """Per model with 2 or more machines: ``machines``, the largest and smallest machine mean and their ratio."""
+    """Per model and GPU model with 2 or more machines: ``machines``, the largest and smallest machine mean and
+    their ratio."""
     ok = frame.filter(pl.col("throughput_rps").is_not_null())
     return (
-        ok.group_by("model", maintain_order=True)
+        ok.group_by("model", "gpu_model", maintain_order=True)
         .agg(
             machines=pl.len(),
             lowest=pl.col("throughput_rps").min(),
@@ -95,10 +96,13 @@ def to_markdown(frame: pl.DataFrame) -> str:
         "One calibration point per machine, measured before its other jobs (config `calibration`; "
         "slmserve.calibration). CI: Student's t over the repeats.",
     ]
-    notes += [f"- {r['model']}: {r['machines']} machines, {_fmt(r['lowest'])} to {_fmt(r['highest'])} req/s "
-              f"(highest / lowest {r['ratio']:.3f})" for r in sp.iter_rows(named=True)]  # fmt: skip
+    notes += [f"- {r['model']} on {r['gpu_model']}: {r['machines']} machines, {_fmt(r['lowest'])} to "
+              f"{_fmt(r['highest'])} req/s (highest / lowest {r['ratio']:.3f})"
+              for r in sp.iter_rows(named=True)]  # fmt: skip
     if sp.is_empty():
-        notes.append("- No model has been calibrated on two machines yet: no spread between machines.")
+        notes.append("- No model has been calibrated on two machines of one GPU model yet: no spread between machines.")
+    if frame["gpu_model"].n_unique() > 1:
+        notes.append("- Machines of different GPU models are not one spread: each line above is one GPU model's.")
     if "n_beside" in frame.columns:  # a point meant to be measured alone that was not
         notes += [f"- {r['machine']} {r['model']}: {r['n_beside']} of {r['n']} repeats measured beside other GPU "
                   f"jobs of the host ({r['beside']}), which can slow a host-bound model"
