@@ -53,12 +53,14 @@ def test_a_point_is_the_mean_of_its_repeats_with_worst_counts_and_largest_maxima
         "path": ["a", "a", "a", "b"], "repeat": [0, 1, 2, None], "model": ["m"] * 4,
         "throughput_rps": [10.0, 12.0, 11.0, None], "sm_active_max": [50.0, 70.0, 60.0, None],
         "n_ok": [500, 499, 500, None], "client_ok": [True, False, True, None], "status": ["ok"] * 3 + ["infeasible"],
+        "energy_samples": [81, 79, 80, None], "n_error": [0, 1, 0, None],
     })  # fmt: skip
     p = analysis.points(rows).sort("path")
     a, b = p.row(0, named=True), p.row(1, named=True)
     assert a["n_repeats"] == 3 and a["throughput_rps"] == pytest.approx(11.0)
     assert a["throughput_rps_ci_lo"] < 11.0 < a["throughput_rps_ci_hi"]
     assert a["sm_active_max"] == 70.0 and a["n_ok"] == 499 and a["client_ok"] is False
+    assert a["energy_samples"] == 79 and a["n_error"] == 1  # any other count: the smallest, not repeat 0's
     assert b["n_repeats"] == 0 and b["client_ok"] is None and b["throughput_rps"] is None
 
 
@@ -92,3 +94,12 @@ def test_equivalence_needs_the_whole_interval_inside_the_bounds() -> None:
     assert stats.verdict(0.985, 1.025, 0.02) == "agree"
     assert stats.equivalent(0.98, 1.02, 0.02) is True  # the bounds are inside
     assert stats.equivalent(None, None, 0.02) is None
+
+
+def test_a_point_resumed_on_another_server_reports_the_kv_cache_every_repeat_had() -> None:
+    run = {"model": "opt2.7b", "tensor_parallel": 1, "batch_size": 256, "output_len": 256, "input_len": 512,
+           "arrival_rate": float("inf"), "batch_control": "scheduler"}  # fmt: skip
+    meta = {"run": run, "provenance": {}, "status": "ok",
+            "repeats": [{"repeat": 0, "servers": [{"kv_cache_tokens": 215_392}]},
+                        {"repeat": 1, "servers": [{"kv_cache_tokens": 215_360}]}]}  # fmt: skip
+    assert analysis._run_row(meta, "p", None)["kv_cache_tokens"] == 215_360  # not repeat 0's server

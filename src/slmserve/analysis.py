@@ -106,6 +106,7 @@ def _run_row(meta: Mapping[str, Any], path: str, models: Mapping[str, Any] | Non
     run, prov = meta["run"], meta["provenance"]
     entry = (models or {}).get(run["model"], {})
     servers = [s for r in measure.repeats_of(meta) for s in r.get("servers") or [] if s] or [meta.get("server") or {}]
+    kv_tokens = [s["kv_cache_tokens"] for s in servers if s.get("kv_cache_tokens") is not None]
     return {
         "model": run["model"],
         "family": entry.get("family"),
@@ -121,7 +122,8 @@ def _run_row(meta: Mapping[str, Any], path: str, models: Mapping[str, Any] | Non
         "engine_args": " ".join(run.get("engine_args") or []) or None,
         "status": meta["status"],
         "reason": meta.get("reason"),
-        "kv_cache_tokens": (servers[0] or {}).get("kv_cache_tokens"),
+        # a point resumed on another machine had two servers: the KV cache every repeat had at least
+        "kv_cache_tokens": min(kv_tokens, default=None),
         "gpu_model": gpu_model(prov),
         "gpu_ids": ",".join(map(str, meta.get("gpu_ids") or [])),
         "engine": prov.get("engine"),
@@ -262,15 +264,17 @@ def _agg(col: str, dtype: pl.DataType) -> pl.Expr:
         return pl.when(c.count() > 0).then(c.all())
     if dtype.is_float():
         return c.mean()
+    if dtype.is_integer():  # a count or size that differs between repeats (energy samples): the smallest
+        return c.min()
     return c.first()
 
 
 def points(repeats: pl.DataFrame) -> pl.DataFrame:
-    """One row per point (per result file, ``path``) from its repeats' rows: each metric's mean (counts:
-    the smallest; flags: all true), ``n_repeats``, ``n_machines`` (how many machines its repeats ran on, where
-    they recorded it; a job resumed elsewhere gives 2), for :data:`CI_METRICS` the SD and 95% CI, and where
-    repeats recorded the jobs beside them, ``beside`` (every such job once) and ``n_beside`` (the repeats that
-    had one)."""
+    """One row per point (per result file, ``path``) from its repeats' rows: each metric's mean (counts and
+    other integers: the smallest, errors the largest; flags: all true), ``n_repeats``, ``n_machines`` (how many
+    machines its repeats ran on, where they recorded it; a job resumed elsewhere gives 2), for
+    :data:`CI_METRICS` the SD and 95% CI, and where repeats recorded the jobs beside them, ``beside`` (every
+    such job once) and ``n_beside`` (the repeats that had one)."""
     if "repeat" not in repeats.columns:
         repeats = repeats.with_columns(repeat=pl.lit(None, pl.Int64))
     if "machine" not in repeats.columns:
