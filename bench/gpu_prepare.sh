@@ -5,6 +5,7 @@
 #   .gpu-carry/extra/          polars and the prompts every config measures with (built here by Snakemake)
 #   .gpu-payload/part*+SHA256  all of it as one checked payload (bench/gpu_payload.sh pack PART_MIB)
 # usage: bench/gpu_prepare.sh [PART_MIB]   (default: what fits 64 MiB beside the tracked tree)
+# First `bench/gpu_tree.sh slim CONFIG...` makes that tree (and the number of calls) smaller.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# A device call carries the tracked tree beside each payload part (64 MiB in all), and the tree is mostly
+# what a GPU job never reads: the benchmarks' committed logs, the figures and other profiles' results.
+# `slim` takes those out of git's index and ignores them (the files stay here), so the parts can be larger
+# and fewer: 2026-11-25, a 15 MiB tree and 8 stash calls of 46 MiB against 48 MiB and 29 calls of 14 MiB.
+# `restore` puts them back. While slim, a pre-commit hook refuses every commit, which would delete them.
+#
+#   bench/gpu_tree.sh slim CONFIG...   keep the outdirs of these configs (the ones the device calls measure)
+#   bench/gpu_tree.sh restore
+#   bench/gpu_tree.sh status
+set -euo pipefail
+cd "$(dirname "$0")/.."
+git_dir=$(git rev-parse --git-dir)
+exclude=$git_dir/info/exclude hook=$git_dir/hooks/pre-commit
+begin="# gpu_tree.sh slim: begin" end="# gpu_tree.sh slim: end"
+py=${PYTHON:-python3}
+
+slim_paths() {  # bench/results, paper_figures, and every config's outdir that no named config writes into
+  "$py" - "$@" <<'PY'
+import glob, sys, yaml
+outdir = lambda cfg: (yaml.safe_load(open(cfg)) or {}).get("outdir", "results")
+keep = {outdir(c) for c in sys.argv[1:]}
+inside = lambda a, b: a == b or a.startswith(b + "/")
+drop = {outdir(c) for c in glob.glob("config/*.yaml")} - keep
+# an outdir holding a kept one (results holds results/quick) stays: it is dropped only where nothing kept is in it
+drop = {d for d in drop if not any(inside(k, d) for k in keep)}
+print("\n".join(["bench/results", "paper_figures", *sorted(drop)]))
+PY
+}
+
+case "${1:-}" in
+  slim)
+    shift; [ $# -gt 0 ] || { echo "gpu_tree: name the configs the device calls measure" >&2; exit 2; }
+    grep -qxF "$begin" "$exclude" 2>/dev/null && { echo "gpu_tree: already slim; restore first" >&2; exit 2; }
+    git diff --cached --quiet || { echo "gpu_tree: the index has staged changes; commit them first" >&2; exit 2; }
+    mapfile -t paths < <(slim_paths "$@")
+    mkdir -p "$(dirname "$exclude")" "$(dirname "$hook")"
+    [ -e "$hook" ] && { echo "gpu_tree: $hook exists; it is not this script's to replace" >&2; exit 2; }
+    { echo "$begin"; printf '/%s/\n' "${paths[@]}"; echo "$end"; } >>"$exclude"
+    printf '#!/bin/sh\necho "bench/gpu_tree.sh slim is in effect: run bench/gpu_tree.sh restore before committing" >&2\nexit 1\n' >"$hook"
+    chmod +x "$hook"
+    git rm -r -q --cached --ignore-unmatch -- "${paths[@]}"
+    echo "gpu_tree: left out of the device tree: ${paths[*]}";;
+  restore)
+    grep -qxF "$begin" "$exclude" 2>/dev/null || { echo "gpu_tree: not slim; nothing to restore"; exit 0; }
+    mapfile -t paths < <(sed -n "/^$begin\$/,/^$end\$/p" "$exclude" | grep -v '^#' | sed 's|^/||; s|/$||')
+    git reset -q -- "${paths[@]}"
+    sed -i "/^$begin\$/,/^$end\$/d" "$exclude"
+    rm -f "$hook"
+    echo "gpu_tree: restored ${paths[*]}";;
+  status)
+    if grep -qxF "$begin" "$exclude" 2>/dev/null; then echo "slim"; else echo "whole"; fi;;
+  *) echo "usage: bench/gpu_tree.sh slim CONFIG... | restore | status" >&2; exit 2;;
+esac
+tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+echo "gpu_tree: the tree a device call carries: $((tree / 1048576)) MiB tracked"
