@@ -1,0 +1,58 @@
+"""bench/gpu_tree.sh: a slim tree for device calls, in a git repository of its own (no device needed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+def _git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    return subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=check)
+
+
+def _tree(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": sys.executable}
+    return subprocess.run(["bash", "bench/gpu_tree.sh", *args], cwd=repo, env=env, capture_output=True, text=True)
+
+
+def test_slim_leaves_out_what_no_gpu_job_reads_and_restore_puts_it_back(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    shutil.copy(ROOT / "bench/gpu_tree.sh", repo / "bench/gpu_tree.sh")
+    shutil.copytree(ROOT / "config", repo / "config", ignore=shutil.ignore_patterns("models", "schemas"))
+    files = ["bench/results/log.txt", "paper_figures/fig.md", "results/runs/a.parquet", "results/quick/q.parquet",
+             "results/tp2/t.parquet", "src/code.py"]  # fmt: skip
+    for f in files:
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        (repo / f).write_text(f)
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "all")
+    slim = _tree(repo, "slim", "config/config.yaml", "config/quick.yaml")
+    assert slim.returncode == 0, slim.stderr
+    tracked = set(_git(repo, "ls-files").stdout.split())
+    assert {"results/runs/a.parquet", "results/quick/q.parquet", "src/code.py"} <= tracked  # the outdirs measured
+    assert not tracked & {"bench/results/log.txt", "paper_figures/fig.md", "results/tp2/t.parquet"}
+    assert _git(repo, "status", "--porcelain", "--untracked-files=all").stdout.count("??") == 0  # ignored too
+    assert all((repo / f).exists() for f in files)  # out of the index only
+    assert _tree(repo, "status").stdout.startswith("slim")
+    assert _tree(repo, "slim", "config/config.yaml").returncode == 2  # not twice
+    refused = _git(repo, "commit", "-qm", "would delete them", check=False)
+    assert refused.returncode != 0 and "bench/gpu_tree.sh restore" in refused.stderr
+    assert _tree(repo, "restore").returncode == 0
+    assert set(_git(repo, "ls-files").stdout.split()) == set(files) | {
+        str(p.relative_to(repo)) for p in (repo / "config").glob("*.yaml")} | {"bench/gpu_tree.sh"}  # fmt: skip
+    assert _git(repo, "status", "--porcelain").stdout == ""
+    assert _tree(repo, "status").stdout.startswith("whole")
+    assert not (repo / ".git/hooks/pre-commit").exists()
