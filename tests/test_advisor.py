@@ -236,3 +236,21 @@ def test_one_models_row_from_its_own_sweep_is_its_row_of_the_table(quick: tuple)
     plans = {m: replication.advisor_plan(table, m, 4) for m in models}
     assert plans == {"opt125m": replication.AdvisorPlan(4, 256), "opt1.3b": replication.AdvisorPlan(1, 256),
                      "opt2.7b": replication.AdvisorPlan(1, 256)}  # fmt: skip
+
+
+def test_probes_of_another_gpu_than_the_sweep_give_the_analytic_memory_only(summary: pl.DataFrame) -> None:
+    """An H200 sweep beside the H100's probes (the paper profile's OPT-6.7B): the chosen batch is the
+    sweep's, the memory it frees cannot be the H100's; the note says why the probe columns are empty."""
+    h100 = {"provenance": {"gpu_models": ["NVIDIA H100 80GB HBM3"]}}
+    whole, budget = {"m": {**WHOLE, **h100}}, {"m": {**BUDGET, **h100}}
+    cfgs = {"m": OPT125M}
+    same = _one(advisor.advise(summary.with_columns(gpu_model=pl.lit("NVIDIA H100 80GB HBM3")), cfgs, whole, budget))
+    assert same["kv_probe_gb"] is not None and same["note"] is None
+    other = _one(advisor.advise(summary.with_columns(gpu_model=pl.lit("NVIDIA H200")), cfgs, whole, budget))
+    assert other["chosen_batch"] == same["chosen_batch"] == 8
+    assert other["kv_probe_gb"] is None and other["replicas_fit"] is None and other["share_gb"] is None
+    assert other["kv_analytic_gb"] == pytest.approx(same["kv_analytic_gb"])
+    assert other["note"] == ("probes measured on NVIDIA H100 80GB HBM3, the sweep on NVIDIA H200: memory from the "
+                             "analytic formula only")  # fmt: skip
+    unknown = _one(advisor.advise(summary, cfgs, whole, budget))  # no gpu_model column: nothing to compare
+    assert unknown["kv_probe_gb"] == pytest.approx(same["kv_probe_gb"])

@@ -3,9 +3,10 @@ most of a model's throughput plateau, the KV-cache memory that batch needs and w
 
 Inputs: a sweep summary (:mod:`slmserve.analysis`, one row per point, columns read by name), each model's
 KV-cache probe with the whole GPU (``capacity/<model>-whole.json``; a probe with a GB budget, where there is
-one, gives the GPU's memory; the rule reads those Table 1 makes, and a model without one gets the analytic
-figures only) and its model config (:mod:`slmserve.capacity`). :func:`advise` returns one row
-per model; :func:`to_csv`, :func:`to_markdown` and :func:`figure` write it. Every quantity, defined once:
+one, gives the GPU's memory; the rule reads those Table 1 makes, and a model without one, or whose probes ran
+on another GPU model than its sweep, gets the analytic figures only) and its model config
+(:mod:`slmserve.capacity`). :func:`advise` returns one row per model; :func:`to_csv`, :func:`to_markdown`
+and :func:`figure` write it. Every quantity, defined once:
 
 Choice (over a model's measured points, ``status == "ok"``, on one GPU, ``tp == 1``, with the all-at-once
 workload: arrival rate inf and the longest output length, as :func:`slmserve.figures.main_workload`):
@@ -241,6 +242,17 @@ def load_probes(paths: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
     return {p["model"]: p for p in probes}
 
 
+def _other_gpu(probes: Sequence[Mapping[str, Any] | None], points: pl.DataFrame) -> str | None:
+    """Why a model's probes cannot size its sweep's batch: measured on another GPU model than its points (as
+    :func:`slmserve.capacity.check_probe` refuses for a job); None where they agree or either is unknown."""
+    sweep = set(points["gpu_model"].drop_nulls().to_list()) if "gpu_model" in points.columns else set()
+    theirs = {analysis.gpu_model(p["provenance"]) for p in probes if p and p.get("provenance")}
+    if not sweep or not theirs or theirs == sweep:
+        return None
+    return (f"probes measured on {', '.join(sorted(theirs))}, the sweep on {', '.join(sorted(sweep))}: "
+            "memory from the analytic formula only")  # fmt: skip
+
+
 def advise(
     summary: pl.DataFrame,
     model_configs: Mapping[str, Mapping[str, Any]],
@@ -251,7 +263,8 @@ def advise(
 ) -> pl.DataFrame:
     """One row per model of ``models`` and of ``summary``: the choice (:func:`choose`) and the memory of
     the chosen batch (:func:`memory`; ``model_configs``: model -> its HF config; ``whole``/``budget``:
-    model -> probe). A model without a measured point gets a row with its ``note`` only."""
+    model -> probe; a model's probes of another GPU model than its points are left out, :func:`_other_gpu`).
+    A model without a measured point gets a row with its ``note`` only."""
     settings = settings or Settings()
     points, infeasible = sweep_points(summary, settings), sweep_points(summary, settings, "infeasible")
     rows = []
@@ -259,9 +272,13 @@ def advise(
         too_large = infeasible.filter(pl.col("model") == model)["batch_size"].to_list()
         row: dict[str, Any] = {"model": model, **choose(points.filter(pl.col("model") == model), settings, too_large)}
         if row.get("plateau_rps") is not None and model in model_configs:
-            gpu = gpu_memory_bytes((budget or {}).get(model))
-            row.update(memory(model_configs[model], whole.get(model), row.get("chosen_batch"), row["input_len"],
-                              row["output_len"], gpu))  # fmt: skip
+            probes = [whole.get(model), (budget or {}).get(model)]
+            other = _other_gpu(probes, points.filter(pl.col("model") == model))
+            if other:  # another GPU's memory: the analytic figures only
+                probes = [None, None]
+                row["note"] = "; ".join(filter(None, [row.get("note"), other]))
+            row.update(memory(model_configs[model], probes[0], row.get("chosen_batch"), row["input_len"],
+                              row["output_len"], gpu_memory_bytes(probes[1])))  # fmt: skip
         rows.append(row)
     settings_cols = {"fraction": settings.fraction, "latency_column": settings.latency_column,
                      "latency_bound_s": settings.latency_bound_s}  # fmt: skip
