@@ -125,20 +125,33 @@ def test_saved_repeats_are_dropped_only_once_every_point_is_written(
     assert written and all(journal.has_saved(p.paths, p.meta_run()) for p in _points(tmp_path, job))
 
 
-def test_repeats_of_other_settings_or_after_a_gap_are_not_resumed(tmp_path: Path) -> None:
+def test_repeats_of_other_settings_or_after_a_gap_are_set_aside_not_resumed(tmp_path: Path) -> None:
     job = _job(tmp_path, batch_sizes=[1])
     (p,) = _points(tmp_path, job)
     jr = Journal("m")
     for k in (0, 1, 3):  # r2 missing: r3 is not taken
         jr.save(p.paths, p.meta_run(), k, stand_in_measurement(1, k))
     assert [m.meta["call"] for m in jr.load(p.paths, p.meta_run())] == [0, 1]
-    assert not journal.partial_paths(p.paths, 3)[0].exists()  # deleted, with its telemetry
+    assert not journal.partial_paths(p.paths, 3)[0].exists()  # not resumed, with its telemetry, but kept:
+    aside = tmp_path / journal.DIR / journal.SET_ASIDE
+    key = journal.settings_key(p.meta_run())
+    names = [f"{key}-bs1.r3.{kind}.parquet" for kind in ("requests", "telemetry")]
+    assert sorted(f.name for f in aside.iterdir()) == names
     other = {**p.meta_run(), "num_requests": 7}
-    assert jr.load(p.paths, other) == []  # other settings: nothing resumed, the files deleted
-    assert not list((tmp_path / journal.DIR).iterdir())
+    assert jr.load(p.paths, other) == []  # other settings: nothing resumed, the files set aside
+    assert sorted(f.name for f in (tmp_path / journal.DIR).iterdir()) == [journal.SET_ASIDE]
+    assert len(list(aside.iterdir())) == 6 and (aside / f"{key}-bs1.r0.requests.parquet").exists()
+    jr.save(p.paths, p.meta_run(), 0, stand_in_measurement(1, 0))
+    assert jr.load(p.paths, other) == []  # the same name set aside again gets a number, nothing is overwritten
+    assert (aside / f"{key}-1-bs1.r0.requests.parquet").exists() and len(list(aside.iterdir())) == 8
     jr.save(p.paths, p.meta_run(), 0, stand_in_measurement(1, 0))
     journal.partial_paths(p.paths, 0)[1].unlink()  # a repeat without its telemetry is not taken
+    journal.partial_paths(p.paths, 1)[0].parent.joinpath("bs1.r1.requests.parquet").write_bytes(b"cut")
     assert jr.load(p.paths, p.meta_run()) == []
+    assert not journal.partial_paths(p.paths, 1)[0].exists()  # cut short: no repeat in it, deleted
+    assert len(list(aside.iterdir())) == 9  # r0's requests, set aside without its telemetry
+    journal.discard_saved(p.paths)
+    assert aside.is_dir()  # the point's result is written: what was set aside stays
 
 
 def test_summary_and_caption_count_the_machines_of_a_points_repeats() -> None:

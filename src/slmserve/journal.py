@@ -9,7 +9,9 @@ once every repeat is in, after which its saved repeats are deleted.
 
 Each saved repeat carries the hash of the point's settings (:func:`settings_key`: the run description without
 the repeat count and budget, which do not change what one repeat measures). A rerun takes the saved repeats
-whose hash matches, in order from ``r0`` until the first gap, and deletes the rest. Each repeat records the
+whose hash matches, in order from ``r0`` until the first gap; the other readable ones (other settings, or
+after the gap) are measurements all the same and move to ``.partial/set-aside/`` (named with their settings
+hash), which nothing reads; a file cut short holds no repeat and is deleted. Each repeat records the
 machine it ran on (``machine`` in its metadata, :func:`slmserve.machine.machine_id`); one taken from a journal
 also keeps the provenance of the point it measured (``provenance``, ``resumed: true``), so a point whose
 repeats come from two machines says so (``n_machines`` in the summary). A point never mixes GPU models or
@@ -33,6 +35,7 @@ from slmserve.provenance import config_hash, kind_differences
 log = logging.getLogger(__name__)
 
 DIR = ".partial"
+SET_ASIDE = "set-aside"  # inside DIR: saved repeats no job resumes, kept for whoever changed the settings
 # Settings that decide how many repeats a point gets, not what one repeat measures.
 NOT_IN_KEY = ("repeats", "repeat_budget_s", "batch_sizes")
 
@@ -82,7 +85,8 @@ class Journal:
 
     def load(self, paths: tuple[Path, Path], run: Mapping[str, Any]) -> list[Measurement]:
         """The saved repeats of the point ``paths`` measured with the settings ``run``: ``r0``, ``r1``, ... up
-        to the first one missing, unreadable or of other settings; every other saved file is deleted."""
+        to the first one missing, unreadable or of other settings; every other saved file is set aside
+        (:func:`set_aside`)."""
         key, runs = settings_key(run), []
         while True:
             req_path, tel_path = partial_paths(paths, len(runs))
@@ -98,8 +102,8 @@ class Journal:
             rep = {**meta["meta"], "resumed": True, "provenance": meta.get("provenance")}
             runs.append(Measurement(requests=req, telemetry=tel, meta=rep, wall_s=float(meta["wall_s"])))
         kept = {p for k in range(len(runs)) for p in partial_paths(paths, k)}
-        for stale in set(_saved(paths)) - kept:
-            stale.unlink(missing_ok=True)
+        for stale in sorted(set(_saved(paths)) - kept):
+            set_aside(stale)
         if runs:
             log.info("%s: %d repeats resumed from %s", paths[0].name, len(runs), paths[0].parent / DIR)
         return runs
@@ -114,6 +118,23 @@ class Journal:
                 f"them. Run the job where it was measured, or move {path.parent} away to measure the point "
                 "afresh here"
             )
+
+
+def set_aside(path: Path) -> Path | None:
+    """Move the saved file ``path``, which no job resumes, to ``.partial/set-aside/<settings hash>-<name>`` (a
+    number added where that exists) and return where; a file cut short (no metadata) is deleted: None."""
+    try:
+        key = io.read_meta(path).get("settings_key") or "unknown"
+    except (OSError, ValueError, KeyError, pl.exceptions.PolarsError):
+        path.unlink(missing_ok=True)
+        return None
+    dest, n = path.parent / SET_ASIDE / f"{key}-{path.name}", 1
+    while dest.exists():
+        dest, n = path.parent / SET_ASIDE / f"{key}-{n}-{path.name}", n + 1
+    dest.parent.mkdir(exist_ok=True)
+    path.replace(dest)
+    log.warning("%s: not resumed (other settings, or after a missing repeat); set aside as %s", path, dest)
+    return dest
 
 
 def has_saved(paths: tuple[Path, Path], run: Mapping[str, Any]) -> bool:
