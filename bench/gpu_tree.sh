@@ -10,8 +10,7 @@
 #   bench/gpu_tree.sh status
 set -euo pipefail
 cd "$(dirname "$0")/.."
-git_dir=$(git rev-parse --git-dir)
-exclude=$git_dir/info/exclude hook=$git_dir/hooks/pre-commit
+exclude=$(git rev-parse --git-path info/exclude) hook=$(git rev-parse --git-path hooks/pre-commit)
 begin="# gpu_tree.sh slim: begin" end="# gpu_tree.sh slim: end"
 py=${PYTHON:-python3}
 
@@ -33,18 +32,21 @@ case "${1:-}" in
     shift; [ $# -gt 0 ] || { echo "gpu_tree: name the configs the device calls measure" >&2; exit 2; }
     grep -qxF "$begin" "$exclude" 2>/dev/null && { echo "gpu_tree: already slim; restore first" >&2; exit 2; }
     git diff --cached --quiet || { echo "gpu_tree: the index has staged changes; commit them first" >&2; exit 2; }
-    mapfile -t paths < <(slim_paths "$@")
-    mkdir -p "$(dirname "$exclude")" "$(dirname "$hook")"
+    for cfg in "$@"; do [ -f "$cfg" ] || { echo "gpu_tree: no config file $cfg" >&2; exit 2; }; done
+    out=$(slim_paths "$@")  # a failure here stops the script (set -e), unlike one inside <(...)
+    mapfile -t paths <<<"$out"
+    [ -n "${paths[0]:-}" ] || { echo "gpu_tree: no paths to leave out" >&2; exit 2; }
     [ -e "$hook" ] && { echo "gpu_tree: $hook exists; it is not this script's to replace" >&2; exit 2; }
+    git rm -r -q --cached --ignore-unmatch -- "${paths[@]}"
+    mkdir -p "$(dirname "$exclude")" "$(dirname "$hook")"
     { echo "$begin"; printf '/%s/\n' "${paths[@]}"; echo "$end"; } >>"$exclude"
     printf '#!/bin/sh\necho "bench/gpu_tree.sh slim is in effect: run bench/gpu_tree.sh restore before committing" >&2\nexit 1\n' >"$hook"
     chmod +x "$hook"
-    git rm -r -q --cached --ignore-unmatch -- "${paths[@]}"
     echo "gpu_tree: left out of the device tree: ${paths[*]}";;
   restore)
     grep -qxF "$begin" "$exclude" 2>/dev/null || { echo "gpu_tree: not slim; nothing to restore"; exit 0; }
-    mapfile -t paths < <(sed -n "/^$begin\$/,/^$end\$/p" "$exclude" | grep -v '^#' | sed 's|^/||; s|/$||')
-    git reset -q -- "${paths[@]}"
+    mapfile -t paths < <(sed -n "/^$begin\$/,/^$end\$/p" "$exclude" | grep -v '^#' | sed 's|^/||; s|/$||' | grep .)
+    [ ${#paths[@]} -eq 0 ] || git reset -q -- "${paths[@]}"
     sed -i "/^$begin\$/,/^$end\$/d" "$exclude"
     rm -f "$hook"
     echo "gpu_tree: restored ${paths[*]}";;
@@ -52,5 +54,5 @@ case "${1:-}" in
     if grep -qxF "$begin" "$exclude" 2>/dev/null; then echo "slim"; else echo "whole"; fi;;
   *) echo "usage: bench/gpu_tree.sh slim CONFIG... | restore | status" >&2; exit 2;;
 esac
-tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
-echo "gpu_tree: the tree a device call carries: $((tree / 1048576)) MiB tracked"
+tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1) || true  # a file gone here: not counted
+echo "gpu_tree: the tree a device call carries: $((${tree:-0} / 1048576)) MiB tracked"

@@ -254,3 +254,5 @@ def test_probes_of_another_gpu_than_the_sweep_give_the_analytic_memory_only(summ
                              "analytic formula only")  # fmt: skip
     unknown = _one(advisor.advise(summary, cfgs, whole, budget))  # no gpu_model column: nothing to compare
     assert unknown["kv_probe_gb"] == pytest.approx(same["kv_probe_gb"])
+    unnamed = {"m": {**WHOLE, "provenance": {"gpu_models": []}}}  # NVML named no GPU: not another GPU
+    assert _one(advisor.advise(summary.with_columns(gpu_model=pl.lit("NVIDIA H200")), cfgs, unnamed))["note"] is None

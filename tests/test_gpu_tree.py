@@ -39,13 +39,17 @@ def test_slim_leaves_out_what_no_gpu_job_reads_and_restore_puts_it_back(tmp_path
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "all")
+    typo = _tree(repo, "slim", "config/confg.yaml")  # a mistyped config changes nothing
+    assert typo.returncode == 2 and "no config file config/confg.yaml" in typo.stderr
+    assert _tree(repo, "status").stdout.startswith("whole") and _git(repo, "status", "--porcelain").stdout == ""
+    (repo / "src/code.py").unlink()  # a tracked file gone from the work tree does not fail the script
     slim = _tree(repo, "slim", "config/config.yaml", "config/quick.yaml")
     assert slim.returncode == 0, slim.stderr
     tracked = set(_git(repo, "ls-files").stdout.split())
     assert {"results/runs/a.parquet", "results/quick/q.parquet", "src/code.py"} <= tracked  # the outdirs measured
     assert not tracked & {"bench/results/log.txt", "paper_figures/fig.md", "results/tp2/t.parquet"}
     assert _git(repo, "status", "--porcelain", "--untracked-files=all").stdout.count("??") == 0  # ignored too
-    assert all((repo / f).exists() for f in files)  # out of the index only
+    assert all((repo / f).exists() for f in files if f != "src/code.py")  # out of the index only
     assert _tree(repo, "status").stdout.startswith("slim")
     assert _tree(repo, "slim", "config/config.yaml").returncode == 2  # not twice
     refused = _git(repo, "commit", "-qm", "would delete them", check=False)
@@ -53,6 +57,6 @@ def test_slim_leaves_out_what_no_gpu_job_reads_and_restore_puts_it_back(tmp_path
     assert _tree(repo, "restore").returncode == 0
     assert set(_git(repo, "ls-files").stdout.split()) == set(files) | {
         str(p.relative_to(repo)) for p in (repo / "config").glob("*.yaml")} | {"bench/gpu_tree.sh"}  # fmt: skip
-    assert _git(repo, "status", "--porcelain").stdout == ""
+    assert _git(repo, "status", "--porcelain").stdout == " D src/code.py\n"
     assert _tree(repo, "status").stdout.startswith("whole")
     assert not (repo / ".git/hooks/pre-commit").exists()

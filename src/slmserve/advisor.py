@@ -243,10 +243,13 @@ def load_probes(paths: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
 
 
 def _other_gpu(probes: Sequence[Mapping[str, Any] | None], points: pl.DataFrame) -> str | None:
-    """Why a model's probes cannot size its sweep's batch: measured on another GPU model than its points (as
-    :func:`slmserve.capacity.check_probe` refuses for a job); None where they agree or either is unknown."""
-    sweep = set(points["gpu_model"].drop_nulls().to_list()) if "gpu_model" in points.columns else set()
-    theirs = {analysis.gpu_model(p["provenance"]) for p in probes if p and p.get("provenance")}
+    """Why a model's probes cannot size its sweep's batch: measured on another GPU model than its points;
+    None where they agree or either is unknown (as for :func:`slmserve.capacity.check_probe`, a GPU list NVML
+    left empty is not another GPU; nor is a CPU-engine point compared)."""
+    found = points["gpu_model"].drop_nulls().to_list() if "gpu_model" in points.columns else []
+    sweep = {g for g in found if not g.startswith("CPU")}
+    theirs = {analysis.gpu_model(p["provenance"]) for p in probes
+              if p and (p.get("provenance") or {}).get("gpu_models")}  # fmt: skip
     if not sweep or not theirs or theirs == sweep:
         return None
     return (f"probes measured on {', '.join(sorted(theirs))}, the sweep on {', '.join(sorted(sweep))}: "

@@ -101,7 +101,7 @@ def to_markdown(frame: pl.DataFrame) -> str:
               for r in sp.iter_rows(named=True)]  # fmt: skip
     if sp.is_empty():
         notes.append("- No model has been calibrated on two machines of one GPU model yet: no spread between machines.")
-    if frame["gpu_model"].n_unique() > 1:
+    if not sp.is_empty() and frame["gpu_model"].n_unique() > 1:
         notes.append("- Machines of different GPU models are not one spread: each line above is one GPU model's.")
     if "n_beside" in frame.columns:  # a point meant to be measured alone that was not
         notes += [f"- {r['machine']} {r['model']}: {r['n_beside']} of {r['n']} repeats measured beside other GPU "

@@ -43,8 +43,9 @@ def check_probe(probe: Mapping[str, Any], here: Mapping[str, Any]) -> None:
         source = probe.get("source", "the KV-cache probe")
         raise ProbeMismatch(
             f"{source}: measured on another kind of machine than this job's ({said}), so the batch and memory "
-            f"it gives are that machine's. Probe this one (`snakemake {source} --force` replaces the file), or "
-            "measure this GPU into an outdir of its own (a profile with its own `outdir`)"
+            "it gives are that machine's. Measure this GPU into an outdir of its own (a profile with its own "
+            f"`outdir`), or probe it again: `snakemake {source} --force --configfile <this profile's config>` "
+            "replaces the file for everything that reads it, Table 1 too"
         )
 
 

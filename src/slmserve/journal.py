@@ -21,7 +21,7 @@ engine versions: saved repeats of another one stop the job with :class:`ResumeMi
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,11 @@ def partial_paths(paths: tuple[Path, Path], k: int) -> tuple[Path, Path]:
     where = paths[0].parent / DIR
     stem = _stem(paths[0])
     return where / f"{stem}.r{k}.requests.parquet", where / f"{stem}.r{k}.telemetry.parquet"
+
+
+def _repeat_of(saved: Path) -> str:
+    """``bs1.r0`` of a saved file ``bs1.r0.requests.parquet`` (or its ``.telemetry.parquet``)."""
+    return saved.name.removesuffix(".parquet").rsplit(".", 1)[0]
 
 
 def _saved(paths: tuple[Path, Path]) -> list[Path]:
@@ -102,8 +107,9 @@ class Journal:
             rep = {**meta["meta"], "resumed": True, "provenance": meta.get("provenance")}
             runs.append(Measurement(requests=req, telemetry=tel, meta=rep, wall_s=float(meta["wall_s"])))
         kept = {p for k in range(len(runs)) for p in partial_paths(paths, k)}
-        for stale in sorted(set(_saved(paths)) - kept):
-            set_aside(stale)
+        stale = sorted(set(_saved(paths)) - kept)
+        for rep in dict.fromkeys(_repeat_of(f) for f in stale):  # a repeat's files move together
+            set_aside([f for f in stale if _repeat_of(f) == rep])
         if runs:
             log.info("%s: %d repeats resumed from %s", paths[0].name, len(runs), paths[0].parent / DIR)
         return runs
@@ -120,26 +126,37 @@ class Journal:
             )
 
 
-def set_aside(path: Path) -> Path | None:
-    """Move the saved file ``path``, which no job resumes, to ``.partial/set-aside/<settings hash>-<name>`` (a
-    number added where that exists) and return where; a file cut short (no metadata) is deleted: None."""
-    try:
-        key = io.read_meta(path).get("settings_key") or "unknown"
-    except (OSError, ValueError, KeyError, pl.exceptions.PolarsError):
-        path.unlink(missing_ok=True)
-        return None
-    dest, n = path.parent / SET_ASIDE / f"{key}-{path.name}", 1
-    while dest.exists():
-        dest, n = path.parent / SET_ASIDE / f"{key}-{n}-{path.name}", n + 1
-    dest.parent.mkdir(exist_ok=True)
-    path.replace(dest)
-    log.warning("%s: not resumed (other settings, or after a missing repeat); set aside as %s", path, dest)
-    return dest
+def set_aside(files: Sequence[Path]) -> list[Path]:
+    """Move the saved files of one repeat (``files``: its requests and telemetry), which no job resumes, to
+    ``.partial/set-aside/<settings hash>-[<n>-]<name>``, one ``n`` for all of them so that they still pair
+    up, and return where; a file cut short (no metadata) holds no repeat and is deleted."""
+    keys: dict[Path, str] = {}
+    for f in files:
+        try:
+            keys[f] = io.read_meta(f).get("settings_key") or "unknown"
+        except (OSError, ValueError, KeyError, pl.exceptions.PolarsError):
+            f.unlink(missing_ok=True)
+    if not keys:
+        return []
+    where = next(iter(keys)).parent / SET_ASIDE
+
+    def dest(f: Path, n: int) -> Path:
+        return where / f"{keys[f]}-{f'{n}-' if n else ''}{f.name}"
+
+    n = 0
+    while any(dest(f, n).exists() for f in keys):
+        n += 1
+    where.mkdir(exist_ok=True)
+    for f in keys:
+        f.replace(dest(f, n))
+    log.warning("%s: not resumed (other settings, or after a missing repeat); set aside in %s",
+                ", ".join(f.name for f in keys), where)  # fmt: skip
+    return [dest(f, n) for f in keys]
 
 
 def has_saved(paths: tuple[Path, Path], run: Mapping[str, Any]) -> bool:
     """Whether :meth:`Journal.load` would resume a repeat of the point ``paths`` measured with the settings
-    ``run``: its ``r0`` is readable and of these settings (others it would delete)."""
+    ``run``: its ``r0`` is readable and of these settings (others it would set aside)."""
     try:
         return io.read_meta(partial_paths(paths, 0)[0]).get("settings_key") == settings_key(run)
     except (OSError, ValueError, KeyError, pl.exceptions.PolarsError):
