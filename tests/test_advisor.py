@@ -188,8 +188,8 @@ def quick() -> tuple:
     if not (QUICK / "summary/sweep.parquet").exists():
         pytest.skip("results/quick not in this checkout")
     models = ["opt125m", "opt1.3b", "opt2.7b"]
-    whole = advisor.load_probes([QUICK / f"capacity/{m}-whole.json" for m in models])
-    budget = advisor.load_probes([QUICK / f"capacity/{m}-36gb.json" for m in models])
+    whole = capacity.read_probes([QUICK / f"capacity/{m}-whole.json" for m in models])
+    budget = capacity.read_probes([QUICK / f"capacity/{m}-36gb.json" for m in models])
     summary = pl.read_parquet(QUICK / "summary/sweep.parquet")
     return summary, advisor.model_configs(MODELS, models), whole, budget, models
 

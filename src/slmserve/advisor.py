@@ -53,7 +53,6 @@ Memory (``B`` = chosen batch, ``I``/``O`` = the point's prompt/output tokens; GB
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -236,12 +235,6 @@ def memory(
 # --- one row per model ----------------------------------------------------------------------------
 
 
-def load_probes(paths: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
-    """Probe JSONs by model."""
-    probes = [json.loads(Path(p).read_text()) for p in paths]
-    return {p["model"]: p for p in probes}
-
-
 def _other_gpu(probes: Sequence[Mapping[str, Any] | None], points: pl.DataFrame) -> str | None:
     """Why a model's probes cannot size its sweep's batch: measured on another GPU model than its points;
     None where they agree or either is unknown (as for :func:`slmserve.capacity.check_probe`, a GPU list NVML
@@ -295,7 +288,7 @@ def advise_model(model: str, runs: Sequence[str | Path], models: Mapping[str, Ma
     (``whole``, ``budget``: probe JSONs), as :func:`advise` computes it in ``advisor.csv``: one model's row
     depends on that model's points and probes alone."""
     summary = analysis.summarize_runs(list(runs), dict(models))
-    probes = load_probes(whole), load_probes(budget)
+    probes = capacity.read_probes(whole), capacity.read_probes(budget)
     return advise(summary, model_configs(models, [model]), *probes, settings, [model]).filter(pl.col("model") == model)
 
 

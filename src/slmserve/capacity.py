@@ -12,7 +12,7 @@ output token, resident at once -- is reported beside it. The table itself is :mo
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +34,20 @@ def read_probe(path: str | Path) -> dict[str, Any]:
     return {**json.loads(Path(path).read_text()), "source": str(path)}
 
 
-def check_probe(probe: Mapping[str, Any], here: Mapping[str, Any]) -> None:
+def read_probes(paths: Iterable[str | Path]) -> dict[str, dict[str, Any]]:
+    """The probes of ``paths`` (:func:`read_probe`) by model."""
+    probes = [read_probe(p) for p in paths]
+    return {p["model"]: p for p in probes}
+
+
+def check_probe(probe: Mapping[str, Any] | None, here: Mapping[str, Any]) -> None:
     """Raise :class:`ProbeMismatch` if ``probe`` ran on another GPU model or engine than ``here`` (the job's
     :func:`slmserve.provenance.kind`): its KV-cache size, and the batch and replica memory a job takes from
-    it, are another machine's (an H100's 118,976 tokens of OPT-6.7B against an H200's 230,720)."""
-    said = provenance.kind_differences(probe.get("provenance") or {}, here)
+    it, are another machine's (an H100's 118,976 tokens of OPT-6.7B against an H200's 230,720). No probe:
+    nothing to check."""
+    said = provenance.kind_differences((probe or {}).get("provenance") or {}, here)
     if said:
-        source = probe.get("source", "the KV-cache probe")
+        source = (probe or {}).get("source", "the KV-cache probe")
         raise ProbeMismatch(
             f"{source}: measured on another kind of machine than this job's ({said}), so the batch and memory "
             "it gives are that machine's. Measure this GPU into an outdir of its own (a profile with its own "

@@ -162,8 +162,8 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *
     with guard([out], f"{job.model} x{replicas}"):
         prompts = load_prompts(job)
         with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
-            if probe is not None:  # the batch (and with `together`, each replica's memory) came from it
-                capacity.check_probe(probe, provenance.kind(alloc.nvml_indices))
+            # the batch (and with `together`, each replica's memory) came from the probe
+            capacity.check_probe(probe, provenance.kind(alloc.nvml_indices))
             run = _run_record(job, replicas, batch, one_gpu_max, plan, start, use_mps, record)
             head = header(run, alloc.ids, alloc.nvml_indices)
             if batch < 1:

@@ -412,8 +412,7 @@ def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[
         prompts = load_prompts(job)
         with _job_gpus(job, "points") as alloc:
             _check_gpus(job, alloc)
-            if probe is not None:
-                capacity.check_probe(probe, provenance.kind(alloc.nvml_indices))
+            capacity.check_probe(probe, provenance.kind(alloc.nvml_indices))
             todo = []
             for (out_len, rate), paths in points.items():
                 point_job = dataclasses.replace(job, output_len=out_len, arrival_rate=rate, outputs={batch: paths},

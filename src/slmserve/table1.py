@@ -8,10 +8,8 @@ the latter with a note on GPU, engine, memory budget, KV-cache capacity and the 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -38,11 +36,6 @@ def _profiles(*probes: Mapping[str, Any]) -> str | None:
     profile's probes may stand in another's Table 1 (its note says so)."""
     found = {str(p["provenance"]["config"].get("profile")) for p in probes if "config" in (p.get("provenance") or {})}
     return ", ".join(sorted(found)) or None
-
-
-def _by_model(paths: Sequence[str]) -> dict[str, dict[str, Any]]:
-    probes = [json.loads(Path(p).read_text()) for p in paths]
-    return {probe["model"]: probe for probe in probes}
 
 
 def _row(
@@ -89,7 +82,7 @@ def frame(
 ) -> pl.DataFrame:
     """One row per model from the probes with the whole GPU (``whole``) and with ``budget_gb``
     (``budget``); a model of ``planned`` without probes gets the paper's and the analytic values only."""
-    probes_whole, probes_budget = _by_model(whole), _by_model(budget)
+    probes_whole, probes_budget = capacity.read_probes(whole), capacity.read_probes(budget)
     rows = [
         _row(m, models[m], probes_whole.get(m, {}), probes_budget.get(m, {}), budget_gb, workload)
         for m in dict.fromkeys([*planned, *probes_whole, *probes_budget])

@@ -4,14 +4,14 @@ import logging
 
 import polars as pl
 
-from slmserve import advisor
+from slmserve import advisor, capacity
 from slmserve.figures import save
 from slmserve.io import atomic_write_text
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
 settings = advisor.Settings(**p.settings)
-whole, budget = advisor.load_probes(list(inp.whole)), advisor.load_probes(list(inp.budget))
+whole, budget = capacity.read_probes(list(inp.whole)), capacity.read_probes(list(inp.budget))
 summary = pl.read_parquet(inp.summary)
 configs = advisor.model_configs(p.models, [*p.planned, *summary["model"].drop_nulls().to_list()])
 frame = advisor.advise(summary, configs, whole, budget, settings, p.planned)
