@@ -178,3 +178,24 @@ def test_a_summary_names_every_code_version_that_measured_the_point() -> None:
     assert analysis._repeat_shas(meta) == "a1,b2,c3"
     assert analysis._repeat_shas({**meta, "repeats": [{"repeat": 0}]}) == "c3"
     assert analysis._repeat_shas({"provenance": {}, "status": "ok", "repeats": [{"repeat": 0}]}) is None
+
+
+def test_a_summary_names_the_gpus_of_every_repeat_not_only_the_writers() -> None:
+    """A point resumed on another GPU: its summary's gpu_ids lists each repeat's set, once, in order."""
+    meta = {"gpu_ids": ["1"], "provenance": {}, "status": "ok",
+            "repeats": [{"repeat": 0, "resumed": True, "gpu_ids": ["0"]},
+                        {"repeat": 1, "resumed": True, "provenance": {"gpu_ids": [2, 3]}},  # before gpu_ids
+                        {"repeat": 2, "gpu_ids": ["1"]}, {"repeat": 3}]}  # fmt: skip
+    assert analysis._repeat_gpu_ids(meta) == "0; 2,3; 1"
+    assert analysis._repeat_gpu_ids({**meta, "repeats": [{"repeat": 0}, {"repeat": 1}]}) == "1"
+    assert analysis._repeat_gpu_ids({"gpu_ids": [], "status": "infeasible"}) == ""
+
+
+def test_each_saved_repeat_records_the_gpus_it_ran_on(tmp_path: Path) -> None:
+    job = _job(tmp_path, batch_sizes=[1], repeats=1)
+    (p,) = _points(tmp_path, job)
+    p.head["gpu_ids"] = ["3"]
+    jr = Journal("m")
+    runner.measure_points([p], StandInMeasurer(), 1, None, jr, keep_saved=True)
+    (saved,) = jr.load(p.paths, p.meta_run())
+    assert saved.meta["gpu_ids"] == ["3"] and saved.meta["machine"] == "m"

@@ -287,6 +287,7 @@ def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measureme
                 point.runs.append(m)
                 if journal is not None:
                     m.meta["machine"] = journal.machine
+                    m.meta["gpu_ids"] = list(point.head.get("gpu_ids") or [])  # a resumed repeat keeps its own
                     journal.save(point.paths, point.meta_run(), len(point.runs) - 1, m, point.head.get("provenance"))
     for point in points:
         write_point(point.paths, point.head, point.runs)
