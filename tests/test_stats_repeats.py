@@ -103,3 +103,23 @@ def test_a_point_resumed_on_another_server_reports_the_kv_cache_every_repeat_had
             "repeats": [{"repeat": 0, "servers": [{"kv_cache_tokens": 215_392}]},
                         {"repeat": 1, "servers": [{"kv_cache_tokens": 215_360}]}]}  # fmt: skip
     assert analysis._run_row(meta, "p", None)["kv_cache_tokens"] == 215_360  # not repeat 0's server
+
+
+def test_a_metric_missing_in_one_repeat_counts_its_own_values_and_the_caption_says_so() -> None:
+    """Power missing in one of three repeats: its CI is over 2 values, and the summary and caption say n = 2."""
+    from slmserve import figures
+
+    rows = pl.DataFrame({
+        "path": ["a"] * 3 + ["b"] * 3, "repeat": [0, 1, 2] * 2, "model": ["opt1.3b"] * 6,
+        "batch_size": [8] * 3 + [16] * 3, "tp": [1] * 6,
+        "throughput_rps": [10.0, 12.0, 11.0, 20.0, 21.0, 22.0],
+        "power_w_mean": [300.0, None, 310.0, 400.0, 410.0, 405.0],
+    })  # fmt: skip
+    a, b = analysis.points(rows).sort("path").iter_rows(named=True)
+    assert b["power_w_mean_n"] == 3
+    assert a["n_repeats"] == 3 and a["throughput_rps_n"] == 3 and a["power_w_mean_n"] == 2
+    lo, hi = st.t.interval(0.95, 1, loc=305.0, scale=st.sem([300.0, 310.0]))
+    assert (a["power_w_mean_ci_lo"], a["power_w_mean_ci_hi"]) == (pytest.approx(lo), pytest.approx(hi))
+    note = figures._ci_note(analysis.points(rows), ["power_w_mean"])
+    assert "Fewer values than repeats" in note and "(n = 2 of 3)" in note and "b=16" not in note
+    assert "Fewer values" not in figures._ci_note(analysis.points(rows), ["throughput_rps"])

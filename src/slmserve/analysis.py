@@ -260,7 +260,8 @@ def summarize_runs(paths: Iterable[str | os.PathLike[str]], models: Mapping[str,
 
 
 # Metrics reported with their spread over repeats: ``<m>`` is the mean, ``<m>_sd``, ``<m>_ci_lo`` and
-# ``<m>_ci_hi`` the sample SD and the 95% CI (:mod:`slmserve.stats`); ``n_repeats`` counts the repeats.
+# ``<m>_ci_hi`` the sample SD and the 95% CI (:mod:`slmserve.stats`) over ``<m>_n`` values; ``n_repeats``
+# counts the repeats (more than ``<m>_n`` where a repeat has no value, e.g. no telemetry).
 CI_METRICS = (
     "throughput_rps", "output_tok_s", "throughput_sum_rps", "latency_mean_s", "latency_p50_s", "latency_p99_s",
     "ttft_mean_s", "tpot_mean_s", "power_w_mean", "energy_per_token_j", "gpu_util_mean",
@@ -287,8 +288,8 @@ def points(repeats: pl.DataFrame) -> pl.DataFrame:
     """One row per point (per result file, ``path``) from its repeats' rows: each metric's mean (counts and
     other integers: the smallest, errors the largest; flags: all true), ``n_repeats``, ``n_machines`` (how many
     machines its repeats ran on, where they recorded it; a job resumed elsewhere gives 2), for
-    :data:`CI_METRICS` the SD and 95% CI, and where repeats recorded the jobs beside them, ``beside`` (every
-    such job once) and ``n_beside`` (the repeats that had one)."""
+    :data:`CI_METRICS` the number of values, SD and 95% CI, and where repeats recorded the jobs beside them,
+    ``beside`` (every such job once) and ``n_beside`` (the repeats that had one)."""
     if "repeat" not in repeats.columns:
         repeats = repeats.with_columns(repeat=pl.lit(None, pl.Int64))
     if "machine" not in repeats.columns:
@@ -306,7 +307,7 @@ def points(repeats: pl.DataFrame) -> pl.DataFrame:
         for m in CI_METRICS:
             if m in group.columns:
                 d = stats.describe(group[m].to_list())
-                row.update({f"{m}_sd": d["sd"], f"{m}_ci_lo": d["ci_lo"], f"{m}_ci_hi": d["ci_hi"]})
+                row.update({f"{m}_n": d["n"], f"{m}_sd": d["sd"], f"{m}_ci_lo": d["ci_lo"], f"{m}_ci_hi": d["ci_hi"]})
         if "beside" in group.columns:
             row.update(beside_of(group["beside"].to_list()))
         spread.append(row)

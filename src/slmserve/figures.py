@@ -504,7 +504,19 @@ def _ci_note(runs: pl.DataFrame, metrics: Sequence[str]) -> str:
         return f"{CI_METHOD}: none drawn, no plotted point has n >= 2{rest}."
     drawn = ", ".join(METRIC_NAMES.get(m, m) for m in have)
     where = f"{'the ' * (with_ci > 1)}{_points(with_ci)}"
-    return f"{CI_METHOD}, drawn as error bars on {drawn} at {where} with n >= 2{rest}."
+    return f"{CI_METHOD}, drawn as error bars on {drawn} at {where} with n >= 2{rest}.{_fewer_values_note(runs, have)}"
+
+
+def _fewer_values_note(runs: pl.DataFrame, metrics: Sequence[str]) -> str:
+    """`` Fewer values than repeats (a repeat without that metric): power at a (n = 2 of 3).`` where any."""
+    said = []
+    for m in metrics:
+        if f"{m}_n" not in runs.columns or "n_repeats" not in runs.columns:
+            continue
+        short = runs.filter(pl.col(f"{m}_n") < pl.col("n_repeats"))
+        said += [f"{METRIC_NAMES.get(m, m)} at {point_name(r)} (n = {r[f'{m}_n']} of {r['n_repeats']})"
+                 for r in short.iter_rows(named=True)]  # fmt: skip
+    return f" Fewer values than repeats (a repeat without that metric): {'; '.join(said)}." if said else ""
 
 
 def _preemption_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
@@ -1063,7 +1075,11 @@ def _plan_gains(runs: pl.DataFrame) -> list[str]:
     sd), and the run of the largest mean (older summaries without ``plan`` hold the equal split only)."""
 
     def sample(r: Mapping[str, Any]) -> dict[str, Any]:
-        return {"n": r.get("n_repeats") or 1, "mean": r["throughput_rps"], "sd": r.get("throughput_rps_sd")}
+        return {
+            "n": r.get("throughput_rps_n") or r.get("n_repeats") or 1,
+            "mean": r["throughput_rps"],
+            "sd": r.get("throughput_rps_sd"),
+        }
 
     per = []
     size = {name: params for name, params in model_names(runs).values()}
