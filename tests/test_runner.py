@@ -87,6 +87,14 @@ def test_a_kv_probe_of_an_unsupported_model_is_a_result(tmp_path: Path, monkeypa
     assert on_disk["provenance"]["config_hash"]
     with pytest.raises(UnsupportedError, match=r"mpt7b-whole.json: the engine does not serve mpt7b \(Model arch"):
         runner.max_batch_from_probe(on_disk, "admission")
+    here = {"engine": "vllm", "engine_version": "0.26.0"}
+    monkeypatch.setattr(runner.provenance, "engine_info", lambda: here)
+    same = {**on_disk, "provenance": {**on_disk["provenance"], **here}}
+    with pytest.raises(UnsupportedError):
+        runner.max_batch_from_probe(same, "admission")
+    other = {**on_disk, "provenance": {**on_disk["provenance"], "engine": "vllm", "engine_version": "0.1.7"}}
+    with pytest.raises(capacity.ProbeMismatch, match=r"mpt7b-whole.json: measured on another kind.*'0.1.7' there"):
+        runner.max_batch_from_probe(other, "admission")  # another engine's "unsupported" is not this one's
 
 
 def test_prompt_ids_are_folded_into_a_smaller_vocabulary(tmp_path: Path) -> None:

@@ -465,9 +465,11 @@ def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[st
 
 def max_batch_from_probe(probe: dict[str, Any], fits: str) -> int:
     """The one-GPU maximum batch of a probe (:func:`slmserve.capacity.read_probe`) by the rule ``fits``; an
-    error naming the probe if the engine does not serve the model."""
+    error naming the probe if the engine does not serve the model (unless the probe is another engine's:
+    :class:`slmserve.capacity.ProbeMismatch`, as the job's own check would say once it holds a GPU)."""
     source = probe.get("source", "the KV-cache probe")
     if probe.get("status") == "unsupported":
+        capacity.check_probe(probe, provenance.engine_info())  # another engine's verdict is not this one's
         raise UnsupportedError(
             f"{source}: the engine does not serve {probe.get('model')} ({probe.get('reason')}); take it out of "
             "the experiments that need its maximum batch (replication, output_lengths)"
