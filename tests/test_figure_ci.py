@@ -161,6 +161,8 @@ def test_a_latency_interval_below_zero_leaves_the_log_axis_intact() -> None:
     x_err = chart.to_dict()["layer"][4]
     assert x_err["transform"] == [{"filter": "isValid(datum.latency_mean_s_ci_lo) && datum.latency_mean_s_ci_lo > 0"}]
     assert "CI of mean latency reaches zero or below at OPT-125M b=1 (n = 2): the log axis cannot draw it" in cap
+    _, cap = figures.throughput_latency(rows.with_columns(latency_mean_s_n=pl.lit(1).cast(pl.UInt32)))
+    assert "zero or below at OPT-125M b=1 (n = 1)" in cap  # the latency's own count of values, not the repeats'
     _, cap = figures.throughput_latency(with_repeats(frame([run("opt125m", b) for b in (1, 2)]), 2))
     assert "reaches zero or below" not in cap
 

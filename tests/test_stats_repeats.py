@@ -123,3 +123,7 @@ def test_a_metric_missing_in_one_repeat_counts_its_own_values_and_the_caption_sa
     note = figures._ci_note(analysis.points(rows), ["power_w_mean"])
     assert "Fewer values than repeats" in note and "(n = 2 of 3)" in note and "b=16" not in note
     assert "Fewer values" not in figures._ci_note(analysis.points(rows), ["throughput_rps"])
+    named = figures._ci_note(analysis.points(rows), ["power_w_mean"], lambda r: f"point {r['path']}")
+    assert "power at point a (n = 2 of 3)" in named.lower()  # the figure's own names for its points
+    none = rows.with_columns(power_w_mean=pl.lit(None, pl.Float64))  # no repeat has it: not drawn, not "fewer"
+    assert "Fewer values" not in figures._ci_note(analysis.points(none), ["power_w_mean"])

@@ -135,17 +135,12 @@ def _run_row(meta: Mapping[str, Any], path: str, models: Mapping[str, Any] | Non
 
 
 def _repeat_gpu_ids(meta: Mapping[str, Any]) -> str:
-    """The GPU ids that measured the point, ``"0"`` or ``"0,1"`` for one set: each repeat's own (recorded with
-    it since 2026-11-26; an older repeat resumed from an earlier job: that job's NVML ids, which its
-    provenance holds), else the file's; several sets (repeats on other GPUs) in order, joined by ``"; "``."""
+    """The GPU ids (``CUDA_VISIBLE_DEVICES``) that measured the point, ``"0"`` or ``"0,1"`` for one set: each
+    repeat's own, recorded with it since 2026-11-26, else the file's (a repeat saved before then did not record
+    them; its provenance's NVML indices are another numbering); several sets in order, joined by ``" | "``."""
     own = [str(i) for i in meta.get("gpu_ids") or []]
-    sets = []
-    for r in measure.repeats_of(meta):
-        ids = r.get("gpu_ids")
-        if ids is None and r.get("resumed"):
-            ids = (r.get("provenance") or {}).get("gpu_ids")
-        sets.append(",".join(str(i) for i in (own if ids is None else ids)))
-    return "; ".join(dict.fromkeys(sets or [",".join(own)]))
+    sets = [",".join(str(i) for i in r.get("gpu_ids", own)) for r in measure.repeats_of(meta)]
+    return " | ".join(dict.fromkeys(sets or [",".join(own)]))
 
 
 def _repeat_shas(meta: Mapping[str, Any]) -> str | None:

@@ -490,7 +490,7 @@ def _machines_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] 
             f"on another): {', '.join(name(r) for r in rows.iter_rows(named=True))}.")  # fmt: skip
 
 
-def _ci_note(runs: pl.DataFrame, metrics: Sequence[str]) -> str:
+def _ci_note(runs: pl.DataFrame, metrics: Sequence[str], name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
     """Which plotted metrics carry a 95% CI, at how many points, and the method."""
     names = [METRIC_NAMES.get(m, m) for m in metrics]
     have = [m for m in metrics if m in CI_METRICS and f"{m}_ci_lo" in runs.columns]
@@ -504,17 +504,21 @@ def _ci_note(runs: pl.DataFrame, metrics: Sequence[str]) -> str:
         return f"{CI_METHOD}: none drawn, no plotted point has n >= 2{rest}."
     drawn = ", ".join(METRIC_NAMES.get(m, m) for m in have)
     where = f"{'the ' * (with_ci > 1)}{_points(with_ci)}"
-    return f"{CI_METHOD}, drawn as error bars on {drawn} at {where} with n >= 2{rest}.{_fewer_values_note(runs, have)}"
+    fewer = _fewer_values_note(runs, have, name)
+    return f"{CI_METHOD}, drawn as error bars on {drawn} at {where} with n >= 2{rest}.{fewer}"
 
 
-def _fewer_values_note(runs: pl.DataFrame, metrics: Sequence[str]) -> str:
-    """`` Fewer values than repeats (a repeat without that metric): power at a (n = 2 of 3).`` where any."""
+def _fewer_values_note(
+    runs: pl.DataFrame, metrics: Sequence[str], name: Callable[[Mapping[str, Any]], str] = point_name
+) -> str:
+    """`` Fewer values than repeats (a repeat without that metric): power at a (n = 2 of 3).`` where any
+    repeat has a value (a metric no repeat has is not drawn at all)."""
     said = []
     for m in metrics:
         if f"{m}_n" not in runs.columns or "n_repeats" not in runs.columns:
             continue
-        short = runs.filter(pl.col(f"{m}_n") < pl.col("n_repeats"))
-        said += [f"{METRIC_NAMES.get(m, m)} at {point_name(r)} (n = {r[f'{m}_n']} of {r['n_repeats']})"
+        short = runs.filter((pl.col(f"{m}_n") > 0) & (pl.col(f"{m}_n") < pl.col("n_repeats")))
+        said += [f"{METRIC_NAMES.get(m, m)} at {name(r)} (n = {r[f'{m}_n']} of {r['n_repeats']})"
                  for r in short.iter_rows(named=True)]  # fmt: skip
     return f" Fewer values than repeats (a repeat without that metric): {'; '.join(said)}." if said else ""
 
@@ -535,7 +539,7 @@ def point_notes(
     runs: pl.DataFrame, metrics: Sequence[str], name: Callable[[Mapping[str, Any]], str] = point_name
 ) -> list[str]:
     """The caption's lines on the plotted points: repeats, CIs of ``metrics``, preemptions."""
-    return [_repeats_note(runs, name), _ci_note(runs, metrics), _preemption_note(runs, name)]
+    return [_repeats_note(runs, name), _ci_note(runs, metrics, name), _preemption_note(runs, name)]
 
 
 def _energy_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> list[str]:
@@ -629,7 +633,9 @@ def log_ci_notes(runs: pl.DataFrame, metric: str = "latency_mean_s") -> list[str
     low = runs.filter(pl.col(col) <= 0) if col in runs.columns else runs.clear()
     if low.is_empty():
         return []
-    which = ", ".join(f"{point_name(r)} (n = {r.get('n_repeats')})" for r in low.iter_rows(named=True))
+    which = ", ".join(
+        f"{point_name(r)} (n = {r.get(f'{metric}_n') or r.get('n_repeats')})" for r in low.iter_rows(named=True)
+    )
     return [f"The 95% CI of {METRIC_NAMES.get(metric, metric)} reaches zero or below at {which}: the log axis "
             "cannot draw it, so no bar there (the interval is in the summary)."]  # fmt: skip
 
