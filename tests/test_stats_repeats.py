@@ -127,3 +127,6 @@ def test_a_metric_missing_in_one_repeat_counts_its_own_values_and_the_caption_sa
     assert "power at point a (n = 2 of 3)" in named.lower()  # the figure's own names for its points
     none = rows.with_columns(power_w_mean=pl.lit(None, pl.Float64))  # no repeat has it: not drawn, not "fewer"
     assert "Fewer values" not in figures._ci_note(analysis.points(none), ["power_w_mean"])
+    both = figures._ci_note(analysis.points(none), ["throughput_rps", "power_w_mean"])
+    assert "drawn as error bars on throughput at the 2 points" in both  # not "on throughput, power"
+    assert "power: no CI at any point (fewer than 2 values)" in both

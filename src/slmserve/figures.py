@@ -502,7 +502,10 @@ def _ci_note(runs: pl.DataFrame, metrics: Sequence[str], name: Callable[[Mapping
     rest = f"; {', '.join(without)}: no CI computed (means over repeats)" if without else ""
     if not with_ci:
         return f"{CI_METHOD}: none drawn, no plotted point has n >= 2{rest}."
-    drawn = ", ".join(METRIC_NAMES.get(m, m) for m in have)
+    unmeasured = [m for m in have if runs[f"{m}_ci_lo"].is_null().all()]  # e.g. GPU metrics on the CPU engine
+    if unmeasured:
+        rest += f"; {', '.join(METRIC_NAMES.get(m, m) for m in unmeasured)}: no CI at any point (fewer than 2 values)"
+    drawn = ", ".join(METRIC_NAMES.get(m, m) for m in have if m not in unmeasured)
     where = f"{'the ' * (with_ci > 1)}{_points(with_ci)}"
     fewer = _fewer_values_note(runs, have, name)
     return f"{CI_METHOD}, drawn as error bars on {drawn} at {where} with n >= 2{rest}.{fewer}"
