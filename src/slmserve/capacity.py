@@ -45,9 +45,10 @@ def check_probe(probe: Mapping[str, Any] | None, here: Mapping[str, Any]) -> Non
     :func:`slmserve.provenance.kind`): its KV-cache size, and the batch and replica memory a job takes from
     it, are another machine's (an H100's 118,976 tokens of OPT-6.7B against an H200's 230,720). No probe:
     nothing to check."""
-    said = provenance.kind_differences((probe or {}).get("provenance") or {}, here)
+    probe = probe or {}
+    said = provenance.kind_differences(probe.get("provenance") or {}, here)
     if said:
-        source = (probe or {}).get("source", "the KV-cache probe")
+        source = probe.get("source", "the KV-cache probe")
         raise ProbeMismatch(
             f"{source}: measured on another kind of machine than this job's ({said}), so the batch and memory "
             "it gives are that machine's. Measure this GPU into an outdir of its own (a profile with its own "

@@ -516,10 +516,10 @@ def _fewer_values_note(
 ) -> str:
     """`` Fewer values than repeats (a repeat without that metric): power at a (n = 2 of 3).`` where any
     repeat has a value (a metric no repeat has is not drawn at all)."""
+    if "n_repeats" not in runs.columns:
+        return ""
     said = []
-    for m in metrics:
-        if f"{m}_n" not in runs.columns or "n_repeats" not in runs.columns:
-            continue
+    for m in (m for m in metrics if f"{m}_n" in runs.columns):
         short = runs.filter((pl.col(f"{m}_n") > 0) & (pl.col(f"{m}_n") < pl.col("n_repeats")))
         said += [f"{METRIC_NAMES.get(m, m)} at {name(r)} (n = {r[f'{m}_n']} of {r['n_repeats']})"
                  for r in short.iter_rows(named=True)]  # fmt: skip
