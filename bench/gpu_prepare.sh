@@ -4,7 +4,7 @@
 #   .gpu-carry/snake/          Snakemake 9.27.1 and altair with what they need that the GPU image lacks (cp312)
 #   .gpu-carry/extra/          polars and the prompts every config measures with (built here by Snakemake)
 #   .gpu-payload/part*+SHA256  all of it as one checked payload (bench/gpu_payload.sh pack PART_MIB)
-# usage: bench/gpu_prepare.sh [PART_MIB]   (default: what fits 64 MiB beside the tracked tree)
+# usage: bench/gpu_prepare.sh [PART_MIB]   (default: what fits 64 MiB beside the tracked tree, 4 MiB spare)
 # First `bench/gpu_tree.sh slim CONFIG...` makes that tree (and the number of calls) smaller.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +65,8 @@ done
 # twice made every part 9 MiB smaller (2026-11-25: 26 calls for what fits 18). One left over would be stale.
 rm -f .gpu-carry/resume.tgz
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
-mib=${1:-$(( (64 * 1048576 - tree - 1048576) / 1048576 ))}
+# 4 MiB spare: a machine's results copied in before the next machine's calls (2.1 MiB on 2026-11-26) travel too
+mib=${1:-$(( (64 * 1048576 - tree - 4 * 1048576) / 1048576 ))}
 bash bench/gpu_payload.sh pack "$mib"
 echo "gpu_prepare: tree $((tree / 1048576)) MiB + parts of $mib MiB per call;" \
   "$(ls .gpu-payload/part* | wc -l) parts: $(($(ls .gpu-payload/part* | wc -l) - 1)) stash calls, then the install"
