@@ -188,10 +188,10 @@ def test_a_summary_names_the_gpus_of_every_repeat_not_only_the_writers() -> None
                         {"repeat": 1, "resumed": True, "gpu_ids": ["2", "3"]},
                         {"repeat": 2, "resumed": True, "provenance": {"gpu_ids": [5]}},
                         {"repeat": 3, "gpu_ids": ["1"]}]}  # fmt: skip
-    assert analysis._repeat_gpu_ids(meta) == "0 | 2,3 | 1"
-    assert analysis._repeat_gpu_ids({**meta, "repeats": [{"repeat": 0}, {"repeat": 1}]}) == "1"
-    assert analysis._repeat_gpu_ids({"gpu_ids": [], "status": "infeasible"}) == ""
-    assert analysis._repeat_gpu_ids({"gpu_ids": [], "status": "ok", "repeats": [{"repeat": 0, "gpu_ids": []}]}) == ""
+    assert analysis.repeat_gpu_ids(meta) == "0 | 2,3 | 1"
+    assert analysis.repeat_gpu_ids({**meta, "repeats": [{"repeat": 0}, {"repeat": 1}]}) == "1"
+    assert analysis.repeat_gpu_ids({"gpu_ids": [], "status": "infeasible"}) == ""
+    assert analysis.repeat_gpu_ids({"gpu_ids": [], "status": "ok", "repeats": [{"repeat": 0, "gpu_ids": []}]}) == ""
 
 
 def test_each_saved_repeat_records_the_gpus_it_ran_on(tmp_path: Path) -> None:

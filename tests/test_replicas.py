@@ -185,3 +185,16 @@ def test_a_refused_replica_is_named_and_the_others_stop(stand_in, tmp_path: Path
             replication.start_replicas(stack, [ok, refused], together=together)
         assert err.value.reason.startswith("replica 1: ValueError: No available memory")
         assert all(gone(p) for p in pids_of(ok_pids))
+
+
+def test_a_replication_summary_names_the_gpus_its_run_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its ``gpu_ids`` column, as a sweep's: the ids the job held (a fake pool of GPU 1 here, where MPS then
+    has no control binary, so the run is recorded as unsupported with those ids)."""
+    job = _cpu_job(tmp_path, monkeypatch)
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "1")
+    monkeypatch.setenv(mps.CONTROL_ENV, str(tmp_path / "no-such-control"))
+    out = tmp_path / "opt125m_r2.parquet"
+    assert replication.run_replication(job, 2, 8, out, use_mps=True)["status"] == "unsupported"
+    (row,) = replication.summarize_repeats(out)
+    assert row["gpu_ids"] == "1"
+    assert replication.summarize_runs([out])["gpu_ids"].to_list() == ["1"]

@@ -97,6 +97,33 @@ def test_a_kv_probe_of_an_unsupported_model_is_a_result(tmp_path: Path, monkeypa
         runner.max_batch_from_probe(other, "admission")  # another engine's "unsupported" is not this one's
 
 
+def test_an_unsupported_probe_of_another_gpu_model_is_not_this_hosts_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same engine, but measured on an H100 while this host's GPUs are H200s: a mismatch, found before the job
+    holds a GPU (the pool's one model); the same probe from an H200, or a host of mixed or no GPUs, is the
+    engine's verdict."""
+    here = {"engine": "vllm", "engine_version": "0.26.0"}
+    monkeypatch.setattr(runner.provenance, "engine_info", lambda: dict(here))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "0,1")
+    monkeypatch.setattr(runner.gpuslots, "nvml_indices", lambda ids: tuple(int(i) for i in ids))
+    pool = {0: "NVIDIA H200", 1: "NVIDIA H200"}
+    monkeypatch.setattr(runner.provenance, "gpu_info", lambda ids: {"gpu_models": [pool[i] for i in ids]})
+    probe = {"model": "mpt7b", "status": "unsupported", "reason": "no", "source": "mpt7b-whole.json",
+             "provenance": {**here, "gpu_models": ["NVIDIA H100 80GB HBM3"]}}  # fmt: skip
+    with pytest.raises(capacity.ProbeMismatch, match=r"mpt7b-whole.json: .*'NVIDIA H100 80GB HBM3'\] there"):
+        runner.max_batch_from_probe(probe, "admission")
+    h200 = {**probe, "provenance": {**here, "gpu_models": ["NVIDIA H200"]}}
+    with pytest.raises(UnsupportedError, match="the engine does not serve mpt7b"):
+        runner.max_batch_from_probe(h200, "admission")
+    pool[1] = "NVIDIA H100 80GB HBM3"  # a mixed pool: the job's own check decides once it holds a GPU
+    with pytest.raises(UnsupportedError):
+        runner.max_batch_from_probe(probe, "admission")
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    with pytest.raises(UnsupportedError):
+        runner.max_batch_from_probe(probe, "admission")
+
+
 def test_prompt_ids_are_folded_into_a_smaller_vocabulary(tmp_path: Path) -> None:
     prompts = pl.DataFrame({"token_ids": [[5, 31_999, 32_000, 50_256], [1, 2]]})
     folded, n = runner.fit_vocabulary(prompts, 32_000)

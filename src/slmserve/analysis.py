@@ -125,7 +125,7 @@ def _run_row(meta: Mapping[str, Any], path: str, models: Mapping[str, Any] | Non
         # a point resumed on another machine had two servers: the KV cache every repeat had at least
         "kv_cache_tokens": min(kv_tokens, default=None),
         "gpu_model": gpu_model(prov),
-        "gpu_ids": _repeat_gpu_ids(meta),
+        "gpu_ids": repeat_gpu_ids(meta),
         "engine": prov.get("engine"),
         "engine_version": prov.get("engine_version"),
         "git_sha": _repeat_shas(meta),
@@ -134,7 +134,7 @@ def _run_row(meta: Mapping[str, Any], path: str, models: Mapping[str, Any] | Non
     }
 
 
-def _repeat_gpu_ids(meta: Mapping[str, Any]) -> str:
+def repeat_gpu_ids(meta: Mapping[str, Any]) -> str:
     """The GPU ids (``CUDA_VISIBLE_DEVICES``) that measured the point, ``"0"`` or ``"0,1"`` for one set: each
     repeat's own, recorded with it since 2026-11-26, else the file's (a repeat saved before then did not record
     them; its provenance's NVML indices are another numbering); several sets in order, joined by ``" | "``."""

@@ -234,7 +234,7 @@ def _replication_row(meta: dict[str, Any], path: str, models: dict[str, Any] | N
         "plan": run.get("plan", "equal"),
         "input_len": run["input_len"], "output_len": run["output_len"],
         "status": meta["status"], "reason": meta.get("reason"),
-        "gpu_model": analysis.gpu_model(prov),
+        "gpu_model": analysis.gpu_model(prov), "gpu_ids": analysis.repeat_gpu_ids(meta),
         "engine": prov.get("engine"), "engine_version": prov.get("engine_version"), "path": path,
     }  # fmt: skip
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import polars as pl
 
-from slmserve import batchcap, capacity, io, nvml, pinning, provenance
+from slmserve import batchcap, capacity, gpuslots, io, nvml, pinning, provenance
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.jobguard import guard
 from slmserve.journal import Journal, discard_saved, has_saved
@@ -465,13 +465,25 @@ def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[st
 
 def max_batch_from_probe(probe: dict[str, Any], fits: str) -> int:
     """The one-GPU maximum batch of a probe (:func:`slmserve.capacity.read_probe`) by the rule ``fits``; an
-    error naming the probe if the engine does not serve the model (unless the probe is another engine's:
-    :class:`slmserve.capacity.ProbeMismatch`, as the job's own check would say once it holds a GPU)."""
+    error naming the probe if the engine does not serve the model (unless the probe is another engine's or
+    another GPU model's, :func:`host_kind`: :class:`slmserve.capacity.ProbeMismatch`, as the job's own check
+    would say once it holds a GPU)."""
     source = probe.get("source", "the KV-cache probe")
     if probe.get("status") == "unsupported":
-        capacity.check_probe(probe, provenance.engine_info())  # another engine's verdict is not this one's
+        capacity.check_probe(probe, host_kind(probe))  # another machine's verdict is not this one's
         raise UnsupportedError(
             f"{source}: the engine does not serve {probe.get('model')} ({probe.get('reason')}); take it out of "
             "the experiments that need its maximum batch (replication, output_lengths)"
         )
     return int(probe["max_batch_admission" if fits == "admission" else "max_batch_no_preemption"])
+
+
+def host_kind(probe: Mapping[str, Any]) -> dict[str, Any]:
+    """This host's :func:`slmserve.provenance.kind` before a job holds a GPU: the engine, and the GPU model of
+    the pool (:func:`slmserve.gpuslots.gpu_pool`) where all its GPUs are one model, as many times as ``probe``
+    measured with; a pool of mixed models, or none, names no GPU model, so none is compared."""
+    here = provenance.engine_info()
+    models = set(provenance.gpu_info(gpuslots.nvml_indices(gpuslots.gpu_pool())).get("gpu_models") or [])
+    if len(models) == 1:
+        here["gpu_models"] = [*models] * (len((probe.get("provenance") or {}).get("gpu_models") or []) or 1)
+    return here
