@@ -67,6 +67,9 @@ rm -f .gpu-carry/resume.tgz
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
 # 4 MiB spare: a machine's results copied in before the next machine's calls (2.1 MiB on 2026-11-26) travel too
 mib=${1:-$(( (64 * 1048576 - tree - 4 * 1048576) / 1048576 ))}
+# below 8 MiB a part the payload takes over 50 calls: slim the tree instead (or give PART_MIB on purpose)
+[ "$mib" -ge 8 ] || { echo "gpu_prepare: the tracked tree ($((tree / 1048576)) MiB) leaves $mib MiB of a call's" \
+  "64 MiB for a part; run 'bash bench/gpu_tree.sh slim CONFIG...' first" >&2; exit 2; }
 bash bench/gpu_payload.sh pack "$mib"
 echo "gpu_prepare: tree $((tree / 1048576)) MiB + parts of $mib MiB per call;" \
   "$(ls .gpu-payload/part* | wc -l) parts: $(($(ls .gpu-payload/part* | wc -l) - 1)) stash calls, then the install"

@@ -116,7 +116,7 @@ def test_an_unsupported_probe_of_another_gpu_model_is_not_this_hosts_verdict(
     h200 = {**probe, "provenance": {**here, "gpu_models": ["NVIDIA H200"]}}
     with pytest.raises(UnsupportedError, match="the engine does not serve mpt7b"):
         runner.max_batch_from_probe(h200, "admission")
-    pool[1] = "NVIDIA H100 80GB HBM3"  # a mixed pool: the job's own check decides once it holds a GPU
+    pool[1] = "NVIDIA H100 80GB HBM3"  # a mixed pool names no one GPU model: the engine's verdict stands
     with pytest.raises(UnsupportedError):
         runner.max_batch_from_probe(probe, "admission")
     monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
