@@ -4,6 +4,7 @@ a stand-in function here (named as such); test_engine.py stops and resumes a rea
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import polars as pl
@@ -59,7 +60,7 @@ def test_settings_key_ignores_how_many_repeats_but_not_what_a_repeat_measures() 
     assert journal.settings_key(run) != journal.settings_key({**run, "num_requests": 100})
 
 
-def test_a_stopped_job_resumes_with_only_its_missing_repeats(tmp_path: Path) -> None:
+def test_a_stopped_job_resumes_with_only_its_missing_repeats(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     job = _job(tmp_path)
     first = StandInMeasurer(stop_after=3)  # pass 1: bs1, bs8; pass 2: bs1, then stopped
     with pytest.raises(KeyboardInterrupt):
@@ -71,8 +72,13 @@ def test_a_stopped_job_resumes_with_only_its_missing_repeats(tmp_path: Path) -> 
                      for kind in ("requests", "telemetry")]  # fmt: skip
 
     second = StandInMeasurer()
-    runner.measure_points(_points(tmp_path, job, "b"), second, 3, None, Journal("machine-b", {"host": "b"}))
+    with caplog.at_level(logging.INFO, logger="slmserve.runner"):
+        runner.measure_points(_points(tmp_path, job, "b"), second, 3, None, Journal("machine-b", {"host": "b"}))
     assert second.calls == [1, 8, 8]  # 3 of the 6 repeats, interleaved as before
+    progress = [r.getMessage() for r in caplog.records if " of up to " in r.getMessage()]
+    assert progress == ["bs1.requests.parquet: repeat r2 of up to 3 saved in 1.0 s",
+                        "bs8.requests.parquet: repeat r1 of up to 3 saved in 1.0 s",
+                        "bs8.requests.parquet: repeat r2 of up to 3 saved in 1.0 s"]  # fmt: skip
     assert not (tmp_path / journal.DIR).exists()  # kept repeats are gone once the results are written
     meta = io.read_meta(tmp_path / "bs1.requests.parquet")
     reps = measure.repeats_of(meta)

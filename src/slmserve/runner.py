@@ -289,6 +289,9 @@ def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measureme
                     m.meta["machine"] = journal.machine
                     m.meta["gpu_ids"] = list(point.head.get("gpu_ids") or [])  # a resumed repeat keeps its own
                     journal.save(point.paths, point.meta_run(), len(point.runs) - 1, m, point.head.get("provenance"))
+                # progress in the job's log: a job cut off part-way still shows which repeats ended, and when
+                log.info("%s: repeat r%d of up to %d%s in %.1f s", point.paths[0].name, len(point.runs) - 1,
+                         repeats, " saved" if journal is not None else "", m.wall_s)  # fmt: skip
     for point in points:
         write_point(point.paths, point.head, point.runs)
         last = point.runs[-1].meta["loads"][0]
