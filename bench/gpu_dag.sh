@@ -75,5 +75,5 @@ tar czf "$OUT/results.tgz" "${made[@]}" snakemake.log .started 2>/dev/null
 ls -la "$OUT"
 grep -E "^\[|rule |Finished job|Error|error|exit" snakemake.log | tail -n 40
 # the last lines of the job log written most recently: the repeats that ended on this machine, and when
-job=$(find logs -type f -name '*.log' ! -name 'server-*' -newer .started -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n 1 | cut -d' ' -f2-)
+job=$(find logs -type f -name '*.log' ! -name 'server-*' ! -path '*/mps-*' -newer .started -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n 1 | cut -d' ' -f2-)
 if [ -n "$job" ]; then echo "== $job"; tail -n 4 "$job"; fi

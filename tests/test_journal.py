@@ -73,6 +73,7 @@ def test_a_stopped_job_resumes_with_only_its_missing_repeats(tmp_path: Path, cap
 
     second = StandInMeasurer()
     with caplog.at_level(logging.INFO, logger="slmserve.runner"):
+        caplog.clear()  # only this run's lines: the first one's are captured too under --log-level=INFO
         runner.measure_points(_points(tmp_path, job, "b"), second, 3, None, Journal("machine-b", {"host": "b"}))
     assert second.calls == [1, 8, 8]  # 3 of the 6 repeats, interleaved as before
     progress = [r.getMessage() for r in caplog.records if " of up to " in r.getMessage()]
