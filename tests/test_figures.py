@@ -163,6 +163,29 @@ def test_families_missing_family_is_named() -> None:
     assert dataset(chart).height == 2
 
 
+def test_families_ratio_to_opt_per_batch_with_ci() -> None:
+    """Figure 2's claim as numbers: LLaMA-7B over OPT-6.7B per batch on one GPU model, with the CI's verdict."""
+
+    def rep(model: str, batch: int, mean: float, sd: float | None, n: int = 3, gpu: str = GPU) -> dict[str, Any]:
+        return {**run(model, batch, gpu=gpu), "throughput_rps": mean, "throughput_rps_sd": sd, "throughput_rps_n": n}
+
+    rows = [rep("opt6.7b", b, 10.0, 0.1) for b in (1, 4, 8, 16)] + [rep("opt6.7b", 32, 10.0, 0.1, gpu="NVIDIA H200")]
+    rows += [
+        rep("llama7b", 1, 10.3, None, n=1),  # one repeat: a ratio, no CI
+        rep("llama7b", 4, 10.0, 0.1),  # CI [0.977, 1.023]: inside 1 ± 3%
+        rep("llama7b", 8, 10.5, 0.01),  # 5% more, resolved
+        rep("llama7b", 16, 10.0, 1.0),  # contains 1, too wide
+        rep("llama7b", 32, 10.0, 0.1),  # other GPU model than OPT-6.7B's b=32: no pair
+        rep("llama7b", 64, 10.0, 0.1),  # no OPT point at b=64
+    ]
+    _, cap = figures.families(frame(rows))
+    (line,) = [x for x in cap.splitlines() if x.startswith("- Throughput over OPT-6.7B's")]
+    said = "b=1 1.030 (no CI), b=4 1.000 [0.977, 1.023], b=8 1.050 [1.024, 1.076], b=16 1.000 [0.755, 1.245];"
+    assert f"LLaMA-7B: {said}" in line
+    assert "b=32" not in line and "b=64" not in line
+    assert "within ±3% at 1 of 3 batches with a CI; a difference resolved (CI excludes 1) at b=8." in line
+
+
 def test_output_lengths_series_per_rate(outlen_summary: pl.DataFrame) -> None:
     chart, cap = figures.output_lengths(outlen_summary)
     spec = chart.to_dict()

@@ -32,6 +32,8 @@ NOT_MEASURED_NOTE = "not measured yet (no result file)"
 # How the paper names its model families (Figure 2 left), keyed by the prefix of a config model key.
 FAMILY_NAMES = {"opt": "OPT", "llama": "LLaMA", "mpt": "MPT", "gptj": "GPT-J", "gpt-j": "GPT-J"}
 PAPER_FAMILIES = ("OPT", "LLaMA", "MPT", "GPT-J")
+# "The same curve" (Figure 2) has no tolerance in the paper; 3% is bench/batch_control's agreement bound.
+FAMILY_TOLERANCE = 0.03
 TELEMETRY_SOURCE = "GPU metrics: NVML, sampled every 100 ms over each run's measurement window (the paper: DCGM)"
 
 
@@ -793,13 +795,14 @@ def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     LLaMA-7B, MPT-7B, GPT-J-6B), one curve per model, labels = batch size. Models with no measured run
     are named in the caption with their reason."""
     runs, notes = main_workload(_one_gpu(ok_runs(summary)))
+    ratios = _family_ratios(_finite(runs, TRADEOFF))
     runs, order = named(runs)
     runs = _finite(runs, TRADEOFF)
     data = runs.select(
         "model", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
     )
     chart = _tradeoff(data, title="Families of similar size (Figure 2, left)", label="batch_size", order=order)
-    notes += [*point_notes(runs, TRADEOFF), *log_ci_notes(runs)]
+    notes += [*point_notes(runs, TRADEOFF), *log_ci_notes(runs), *ratios]
     if "family" in summary.columns:
         missing = [f for f in PAPER_FAMILIES if f not in set(summary["family"].drop_nulls().to_list())]
         notes += [f"{f}: no run in this summary (in the paper's Figure 2, left)" for f in missing]
@@ -807,6 +810,55 @@ def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     return chart, caption(
         _one_gpu(summary), "Figure 2 (left): throughput vs mean latency per model family, labels = batch size", notes
     )
+
+
+def _throughput_sample(r: Mapping[str, Any]) -> dict[str, Any]:
+    """A summary row's throughput as :func:`slmserve.stats.ratio_ci_of` takes it: n, mean and sd."""
+    return {"n": r.get("throughput_rps_n") or r.get("n_repeats") or 1, "mean": r["throughput_rps"],
+            "sd": r.get("throughput_rps_sd")}  # fmt: skip
+
+
+def _family_ratios(runs: pl.DataFrame, tolerance: float = FAMILY_TOLERANCE) -> list[str]:
+    """Figure 2's claim (the families follow one curve) as numbers: each other family's throughput over the
+    OPT model's at each batch both measured on one GPU model, the ratio of means with its 95% CI
+    (:func:`slmserve.stats.ratio_ci_of`); "within ±tolerance" when that CI lies inside ``1 ± tolerance``
+    (:func:`slmserve.stats.equivalent`), "differs" when it excludes 1, points of one repeat have no CI."""
+    if "family" not in runs.columns:
+        return []
+    refs = runs.filter(pl.col("family") == "OPT")["model"].unique().sort().to_list()
+    if len(refs) != 1:
+        return []  # no OPT curve, or several: no one reference
+    names = model_names(runs)
+    key = ["batch_size", "gpu_model"]
+    ref = {tuple(r[k] for k in key): r for r in runs.filter(pl.col("model") == refs[0]).iter_rows(named=True)}
+    per = []
+    for (model,), group in runs.filter(pl.col("model") != refs[0]).group_by("model", maintain_order=True):
+        said, within, differ, no_ci = [], [], [], []
+        for r in group.sort("batch_size").iter_rows(named=True):
+            other = ref.get(tuple(r[k] for k in key))
+            if other is None:
+                continue
+            g = stats.ratio_ci_of(_throughput_sample(r), _throughput_sample(other))
+            b = r["batch_size"]
+            if g["ci_lo"] is None:
+                said.append(f"b={b} {g['ratio']:.3f} (no CI)")
+                no_ci.append(b)
+                continue
+            said.append(f"b={b} {g['ratio']:.3f} [{g['ci_lo']:.3f}, {g['ci_hi']:.3f}]")
+            if stats.equivalent(g["ci_lo"], g["ci_hi"], tolerance):
+                within.append(b)
+            if g["ci_lo"] > 1 or g["ci_hi"] < 1:
+                differ.append(b)
+        if not said:
+            per.append(f"{names[model][0]}: no batch measured for both on one GPU model")
+            continue
+        verdicts = [f"within ±{tolerance:.0%} at {len(within)} of {len(said) - len(no_ci)} batches with a CI"]
+        if differ:
+            verdicts.append("a difference resolved (CI excludes 1) at b=" + ", ".join(map(str, differ)))
+        per.append(f"{names[model][0]}: {', '.join(said)}; {'; '.join(verdicts)}")
+    return [f"Throughput over {names[refs[0]][0]}'s at the same batch and GPU model (ratio of means, 95% CI by "
+            f"the delta method; within ±{tolerance:.0%}: the whole CI inside {1 - tolerance:.2f}-"
+            f"{1 + tolerance:.2f}): {'; '.join(per)}."] if per else []  # fmt: skip
 
 
 def _output_model(summary: pl.DataFrame) -> str | None:
@@ -1082,14 +1134,7 @@ def _plan_gains(runs: pl.DataFrame) -> list[str]:
     """Per model, each run's system throughput over one instance's (the equal split's one replica, no MPS):
     the ratio of means with its 95% CI (:func:`slmserve.stats.ratio_ci_of`, from the summary's n, mean and
     sd), and the run of the largest mean (older summaries without ``plan`` hold the equal split only)."""
-
-    def sample(r: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            "n": r.get("throughput_rps_n") or r.get("n_repeats") or 1,
-            "mean": r["throughput_rps"],
-            "sd": r.get("throughput_rps_sd"),
-        }
-
+    sample = _throughput_sample
     per = []
     size = {name: params for name, params in model_names(runs).values()}
     runs = runs.sort(pl.col("model").replace_strict(size, default=math.inf, return_dtype=pl.Float64),
