@@ -163,27 +163,45 @@ def test_families_missing_family_is_named() -> None:
     assert dataset(chart).height == 2
 
 
-def test_families_ratio_to_opt_per_batch_with_ci() -> None:
-    """Figure 2's claim as numbers: LLaMA-7B over OPT-6.7B per batch on one GPU model, with the CI's verdict."""
+def _rep(model: str, batch: int, mean: float, sd: float | None, n: int = 3, gpu: str = GPU) -> dict[str, Any]:
+    """A summary row of ``n`` repeats with the given throughput mean and sd."""
+    return {**run(model, batch, gpu=gpu), "throughput_rps": mean, "throughput_rps_sd": sd, "throughput_rps_n": n}
 
-    def rep(model: str, batch: int, mean: float, sd: float | None, n: int = 3, gpu: str = GPU) -> dict[str, Any]:
-        return {**run(model, batch, gpu=gpu), "throughput_rps": mean, "throughput_rps_sd": sd, "throughput_rps_n": n}
 
-    rows = [rep("opt6.7b", b, 10.0, 0.1) for b in (1, 4, 8, 16)] + [rep("opt6.7b", 32, 10.0, 0.1, gpu="NVIDIA H200")]
-    rows += [
-        rep("llama7b", 1, 10.3, None, n=1),  # one repeat: a ratio, no CI
-        rep("llama7b", 4, 10.0, 0.1),  # CI [0.977, 1.023]: inside 1 ± 3%
-        rep("llama7b", 8, 10.5, 0.01),  # 5% more, resolved
-        rep("llama7b", 16, 10.0, 1.0),  # contains 1, too wide
-        rep("llama7b", 32, 10.0, 0.1),  # other GPU model than OPT-6.7B's b=32: no pair
-        rep("llama7b", 64, 10.0, 0.1),  # no OPT point at b=64
-    ]
+def _ratio_line(rows: list[dict[str, Any]]) -> str:
     _, cap = figures.families(frame(rows))
-    (line,) = [x for x in cap.splitlines() if x.startswith("- Throughput over OPT-6.7B's")]
-    said = "b=1 1.030 (no CI), b=4 1.000 [0.977, 1.023], b=8 1.050 [1.024, 1.076], b=16 1.000 [0.755, 1.245];"
-    assert f"LLaMA-7B: {said}" in line
-    assert "b=32" not in line and "b=64" not in line
-    assert "within ±3% at 1 of 3 batches with a CI; a difference resolved (CI excludes 1) at b=8." in line
+    (line,) = [x for x in cap.splitlines() if x.startswith("- Throughput over") or x.startswith("- No ratios")]
+    return line
+
+
+def test_families_ratio_to_opt_per_batch_with_ci() -> None:
+    """Figure 2's claim as numbers: LLaMA-7B over OPT-6.7B per batch on one GPU model, grouped by its CI."""
+    opt = {1: (5.0, 0.1), 4: (10.0, 0.1), 8: (20.0, 0.02), 16: (30.0, 0.3), 128: (40.0, 0.04), 256: (50.0, 0.54)}
+    rows = [_rep("opt6.7b", b, m, sd) for b, (m, sd) in opt.items()]
+    rows += [_rep("opt6.7b", 32, 10.0, 0.1, gpu="NVIDIA H200")]
+    rows += [
+        _rep("llama7b", 1, 5.15, None, n=1),  # one repeat: a ratio, no CI
+        _rep("llama7b", 4, 10.0, 0.1),  # [0.977, 1.023]: inside 1 ± 3%, holds 1
+        _rep("llama7b", 8, 20.2, 0.02),  # 1% more, resolved, and inside 1 ± 3%
+        _rep("llama7b", 16, 30.0, 3.0),  # holds 1, far too wide
+        _rep("llama7b", 128, 44.0, 0.04),  # 10% more: excludes 1, outside 1 ± 3%
+        _rep("llama7b", 256, 50.75, 0.54),  # [0.990, 1.040]: stats.verdict's "agree" at 3%, not inside 1 ± 3%
+        _rep("llama7b", 32, 10.0, 0.1),  # other GPU model than OPT-6.7B's b=32: no pair
+        _rep("llama7b", 64, 10.0, 0.1),  # no OPT point at b=64
+        _rep("gptj6b", 2, 3.0, 0.1),  # no OPT point at b=2
+    ]
+    line = _ratio_line(rows)
+    said = ("LLaMA-7B: b=1 1.030 (no CI), b=4 1.000 [0.977, 1.023], b=8 1.010 [1.008, 1.012], "
+            "b=16 1.000 [0.755, 1.245], b=128 1.100 [1.098, 1.102], b=256 1.015 [0.990, 1.040] (")  # fmt: skip
+    assert said in line and "b=32" not in line and "b=64" not in line
+    assert "(CI inside 1 ± 3% at b=4, 8; CI excludes 1 at b=8, 128; inconclusive (CI holds 1 and reaches past " \
+           "1 ± 3%) at b=16, 256)" in line  # fmt: skip
+    assert "GPT-J-6B: no batch measured for both on one GPU model" in line
+
+
+def test_families_ratio_needs_one_opt_curve() -> None:
+    rows = [_rep(m, 4, 10.0, 0.1) for m in ("opt6.7b", "opt2.7b", "llama7b")]
+    assert _ratio_line(rows) == "- No ratios between families: 2 OPT curves (OPT-2.7B, OPT-6.7B), no one reference."
 
 
 def test_output_lengths_series_per_rate(outlen_summary: pl.DataFrame) -> None:
