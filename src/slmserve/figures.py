@@ -1137,7 +1137,6 @@ def _plan_gains(runs: pl.DataFrame) -> list[str]:
     """Per model, each run's system throughput over one instance's (the equal split's one replica, no MPS):
     the ratio of means with its 95% CI (:func:`slmserve.stats.ratio_ci_of`, from the summary's n, mean and
     sd), and the run of the largest mean (older summaries without ``plan`` hold the equal split only)."""
-    sample = _throughput_sample
     per = []
     size = {name: params for name, params in model_names(runs).values()}
     runs = runs.sort(pl.col("model").replace_strict(size, default=math.inf, return_dtype=pl.Float64),
@@ -1151,7 +1150,7 @@ def _plan_gains(runs: pl.DataFrame) -> list[str]:
         gains = []
         for r in rows:
             if not _one_instance(r):
-                g = stats.ratio_ci_of(sample(r), sample(one))
+                g = stats.ratio_ci_of(_throughput_sample(r), _throughput_sample(one))
                 if g["ratio"] is not None:
                     gains.append((g, setup_label(r)))
         if not gains:
