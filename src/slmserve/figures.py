@@ -796,9 +796,9 @@ def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     LLaMA-7B, MPT-7B, GPT-J-6B), one curve per model, labels = batch size. Models with no measured run
     are named in the caption with their reason."""
     runs, notes = main_workload(_one_gpu(ok_runs(summary)))
-    ratios = _family_ratios(_finite(runs, TRADEOFF))
-    runs, order = named(runs)
     runs = _finite(runs, TRADEOFF)
+    ratios = _family_ratios(runs)
+    runs, order = named(runs)
     data = runs.select(
         "model", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
     )
@@ -828,6 +828,7 @@ def _family_ratios(runs: pl.DataFrame, tolerance: float = FAMILY_TOLERANCE) -> l
     if runs.is_empty() or not {"family", "gpu_model"} <= set(runs.columns):
         return []
     names = model_names(runs)
+    # _finite types an all-null column (no family known) as Float64
     refs = sorted(set(runs.filter(pl.col("family").cast(pl.String) == "OPT")["model"].to_list()))
     if len(refs) != 1:
         said = ", ".join(names[m][0] for m in refs)
@@ -838,18 +839,24 @@ def _family_ratios(runs: pl.DataFrame, tolerance: float = FAMILY_TOLERANCE) -> l
         said, shown = [], {"inside": [], "excludes": [], "inconclusive": []}
         for r in group.sort("batch_size").iter_rows(named=True):
             other = ref.get((r["batch_size"], r["gpu_model"]))
-            g = stats.ratio_ci_of(_throughput_sample(r), _throughput_sample(other)) if other else {"ratio": None}
+            if other is None:
+                continue  # no OPT point at this batch and GPU model
+            g = stats.ratio_ci_of(_throughput_sample(r), _throughput_sample(other))
             if g["ratio"] is None:
-                continue  # no OPT point at this batch and GPU model (or its throughput is 0)
+                continue  # OPT's throughput is 0
             b = r["batch_size"]
             if g["ci_lo"] is None:
                 said.append(f"b={b} {g['ratio']:.3f} (no CI)")
                 continue
             said.append(f"b={b} {g['ratio']:.3f} [{g['ci_lo']:.3f}, {g['ci_hi']:.3f}]")
-            inside, excludes = stats.equivalent(g["ci_lo"], g["ci_hi"], tolerance), not g["ci_lo"] <= 1 <= g["ci_hi"]
-            for what, holds in (("inside", inside), ("excludes", excludes), ("inconclusive", not (inside or excludes))):
-                if holds:
-                    shown[what].append(str(b))
+            inside = stats.equivalent(g["ci_lo"], g["ci_hi"], tolerance)
+            excludes = stats.verdict(g["ci_lo"], g["ci_hi"], tolerance) == "differ"
+            if inside:
+                shown["inside"].append(str(b))
+            if excludes:
+                shown["excludes"].append(str(b))
+            if not (inside or excludes):
+                shown["inconclusive"].append(str(b))
         if not said:
             per.append(f"{names[model][0]}: no batch measured for both on one GPU model")
             continue
