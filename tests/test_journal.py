@@ -75,10 +75,10 @@ def test_a_stopped_job_resumes_with_only_its_missing_repeats(tmp_path: Path, cap
     with caplog.at_level(logging.INFO, logger="slmserve.runner"):
         caplog.clear()  # only this run's lines: the first one's are captured too under --log-level=INFO
         runner.measure_points(_points(tmp_path, job, "b"), second, 3, None, Journal("machine-b", {"host": "b"}))
-    assert second.calls == [1, 8, 8]  # 3 of the 6 repeats, interleaved as before
+    assert second.calls == [8, 1, 8]  # 3 of the 6 repeats, in the order the stopped job would have kept
     progress = [r.getMessage() for r in caplog.records if " of up to " in r.getMessage()]
-    assert progress == ["bs1.requests.parquet: repeat r2 of up to 3 saved in 1.0 s",
-                        "bs8.requests.parquet: repeat r1 of up to 3 saved in 1.0 s",
+    assert progress == ["bs8.requests.parquet: repeat r1 of up to 3 saved in 1.0 s",
+                        "bs1.requests.parquet: repeat r2 of up to 3 saved in 1.0 s",
                         "bs8.requests.parquet: repeat r2 of up to 3 saved in 1.0 s"]  # fmt: skip
     assert not (tmp_path / journal.DIR).exists()  # kept repeats are gone once the results are written
     meta = io.read_meta(tmp_path / "bs1.requests.parquet")
@@ -90,8 +90,20 @@ def test_a_stopped_job_resumes_with_only_its_missing_repeats(tmp_path: Path, cap
     reps8 = measure.repeats_of(io.read_meta(tmp_path / "bs8.requests.parquet"))
     assert reps8[0]["provenance"] == {"host": "a", "batch": 8}  # each point's own provenance, not the first's
     req = pl.read_parquet(tmp_path / "bs1.requests.parquet")
-    assert req["repeat"].to_list() == [0, 1, 2] and req["request_id"].to_list() == [101, 103, 101]
+    assert req["repeat"].to_list() == [0, 1, 2] and req["request_id"].to_list() == [101, 103, 102]
     assert pl.read_parquet(tmp_path / "bs1.telemetry.parquet")["repeat"].to_list() == [0, 1, 2]
+
+
+def test_a_resumed_job_measures_every_first_repeat_before_any_second(tmp_path: Path) -> None:
+    # 2026-11-26, MPT-7B on an H200: resumed with r0 of b=1..128 saved, it measured r1 of b=4..16 while
+    # b=256 had none, so the machine went back with b=256 still unmeasured
+    job = _job(tmp_path, batch_sizes=[1, 8, 64])
+    first = StandInMeasurer(stop_after=2)  # r0 of bs1 and bs8, then stopped before bs64
+    with pytest.raises(KeyboardInterrupt):
+        runner.measure_points(_points(tmp_path, job), first, 3, None, Journal("machine-a"))
+    second = StandInMeasurer()
+    runner.measure_points(_points(tmp_path, job), second, 3, None, Journal("machine-b"))
+    assert second.calls == [64, 1, 8, 64, 1, 8, 64]
 
 
 def test_repeats_of_another_gpu_model_or_engine_stop_the_job_and_stay(tmp_path: Path) -> None:

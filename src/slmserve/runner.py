@@ -276,13 +276,15 @@ def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measureme
                    keep_saved: bool = False) -> None:  # fmt: skip
     """Measure every point ``repeats`` times, interleaved (all points, then all again), then write them.
     With a ``journal``, the repeats it holds count as measured and each new one is saved as it ends; once
-    every point is written they are deleted, unless ``keep_saved`` (the job's other points are still to come)."""
+    every point is written they are deleted, unless ``keep_saved`` (the job's other points are still to come).
+    Round k measures only the points with k repeats so far, so a resumed job goes on in the order it would
+    have kept: a point never got its second repeat while another still lacked its first."""
     if journal is not None:
         for point in points:
             point.runs = journal.load(point.paths, point.meta_run())
-    for _ in range(max(1, repeats)):
+    for round_k in range(max(1, repeats)):
         for point in points:
-            if wants_repeat([m.wall_s for m in point.runs], repeats, budget_s):
+            if len(point.runs) == round_k and wants_repeat([m.wall_s for m in point.runs], repeats, budget_s):
                 m = run_one(point)
                 point.runs.append(m)
                 if journal is not None:
