@@ -194,9 +194,22 @@ def test_families_ratio_to_opt_per_batch_with_ci() -> None:
     said = ("LLaMA-7B: b=1 1.030 (no CI), b=4 1.000 [0.977, 1.023], b=8 1.010 [1.008, 1.012], "
             "b=16 1.000 [0.755, 1.245], b=128 1.100 [1.098, 1.102], b=256 1.015 [0.990, 1.040] (")  # fmt: skip
     assert said in line and "b=32" not in line and "b=64" not in line
-    assert "(CI inside 1 ± 3% at b=4, 8; CI excludes 1 at b=8, 128; inconclusive (CI holds 1 and reaches past " \
-           "1 ± 3%) at b=16, 256)" in line  # fmt: skip
+    assert "(CI inside 1 ± 3% at b=4, 8; CI excludes 1 at b=8, 128; CI beyond 1 ± 3% (a difference larger than " \
+           "3%) at b=128; inconclusive (CI holds 1 and reaches past 1 ± 3%) at b=16, 256)" in line  # fmt: skip
     assert "GPT-J-6B: no batch measured for both on one GPU model" in line
+
+
+def test_families_drain_product_per_batch_across_models() -> None:
+    """throughput x mean latency / (n/2) per batch, its range across the models and the largest spread."""
+    points = {("opt6.7b", 1): (1.0, 250.0), ("gptj6b", 1): (1.2, 210.0), ("opt6.7b", 8): (8.0, 32.0),
+              ("gptj6b", 8): (9.0, 28.0), ("gptj6b", 64): (30.0, 10.0)}  # fmt: skip
+    rows = [{**run(m, b), "throughput_rps": t, "latency_mean_s": lat} for (m, b), (t, lat) in points.items()]
+    _, cap = figures.families(frame(rows))
+    (line,) = [x for x in cap.splitlines() if "Little's law" in x]
+    assert "per batch across the models: b=1 1.000-1.008, b=8 1.008-1.024; largest spread 1.6%." in line
+    assert "b=64" not in line  # one model only
+    _, cap = figures.families(frame([r for r in rows if r["model"] == "gptj6b"]))
+    assert "Little's law" not in cap
 
 
 def test_families_ratio_needs_one_opt_curve() -> None:

@@ -96,6 +96,12 @@ def test_equivalence_needs_the_whole_interval_inside_the_bounds() -> None:
     assert stats.equivalent(None, None, 0.02) is None
 
 
+def test_a_difference_beyond_the_tolerance_needs_the_whole_interval_outside() -> None:
+    assert stats.beyond(1.031, 1.06, 0.03) is True and stats.beyond(0.90, 0.969, 0.03) is True
+    assert stats.beyond(1.02, 1.06, 0.03) is False  # resolved, but it may be under 3%
+    assert stats.beyond(0.95, 1.05, 0.03) is False and stats.beyond(None, 1.0, 0.03) is None
+
+
 def test_a_point_resumed_on_another_server_reports_the_kv_cache_every_repeat_had() -> None:
     run = {"model": "opt2.7b", "tensor_parallel": 1, "batch_size": 256, "output_len": 256, "input_len": 512,
            "arrival_rate": float("inf"), "batch_control": "scheduler"}  # fmt: skip

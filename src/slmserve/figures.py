@@ -797,7 +797,7 @@ def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     are named in the caption with their reason."""
     runs, notes = main_workload(_one_gpu(ok_runs(summary)))
     runs = _finite(runs, TRADEOFF)
-    ratios = _family_ratios(runs)
+    ratios = _drain_note(runs) + _family_ratios(runs)
     runs, order = named(runs)
     data = runs.select(
         "model", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
@@ -819,12 +819,48 @@ def _throughput_sample(r: Mapping[str, Any]) -> dict[str, Any]:
             "sd": r.get("throughput_rps_sd")}  # fmt: skip
 
 
+def _drain_note(runs: pl.DataFrame) -> list[str]:
+    """Why every family's points share one throughput-latency curve: with all ``n`` requests sent at once,
+    ``drain = throughput_rps * latency_mean_s / (n / 2)`` (``n`` = the point's ``n_ok``) is close to 1 while the
+    batch is small against ``n`` (Little's law over the drain: on average n/2 requests are in the system) and
+    grows with the batch, whatever the model. Per batch that at least two models measured: its range across
+    them, and the largest spread (highest / lowest - 1)."""
+    need = {"n_ok", "arrival_rate", "throughput_rps", "latency_mean_s"}
+    if runs.is_empty() or not need <= set(runs.columns):
+        return []
+    at_once = runs.filter(pl.col("arrival_rate").is_infinite() & (pl.col("n_ok") > 0))
+    drain = (pl.col("throughput_rps") * pl.col("latency_mean_s") / (pl.col("n_ok") / 2)).alias("drain")
+    per = (at_once.with_columns(drain).group_by("batch_size")
+           .agg(lo=pl.col("drain").min(), hi=pl.col("drain").max(), k=pl.col("model").n_unique())
+           .filter(pl.col("k") >= 2).sort("batch_size"))  # fmt: skip
+    if per.is_empty():
+        return []
+    said = ", ".join(f"b={r['batch_size']} {r['lo']:.3f}-{r['hi']:.3f}" for r in per.iter_rows(named=True))
+    spread = max(r["hi"] / r["lo"] - 1 for r in per.iter_rows(named=True))
+    return [
+        "Throughput × mean latency / (n/2), n requests sent at once (Little's law over the drain: about 1 while the "
+        f"batch is small against n, whatever the model), per batch across the models: {said}; largest spread "
+        f"{spread:.1%}. So at each batch every model's point lies on one hyperbola, throughput = drain × (n/2) / "
+        "latency, the same one for all batches while drain is about 1; a faster model's point sits further along "
+        "it. The curves agree by construction of the workload; the ratios at equal batch tell the models apart."
+    ]
+
+
+def _ci_groups(lo: float, hi: float, tolerance: float) -> list[str]:
+    """The groups of :func:`_family_ratios` a ratio's CI ``[lo, hi]`` belongs to."""
+    groups = [what for what, holds in (("inside", stats.equivalent(lo, hi, tolerance)),
+                                       ("excludes", stats.verdict(lo, hi, tolerance) == "differ"),
+                                       ("beyond", stats.beyond(lo, hi, tolerance))) if holds]  # fmt: skip
+    return groups or ["inconclusive"]
+
+
 def _family_ratios(runs: pl.DataFrame, tolerance: float = FAMILY_TOLERANCE) -> list[str]:
     """Figure 2's claim (the families follow one curve) as numbers: each other family's throughput over the
     OPT model's at each batch both measured on one GPU model, the ratio of means with its 95% CI
     (:func:`slmserve.stats.ratio_ci_of`), grouped by what that CI shows: inside ``1 ± tolerance``
-    (:func:`slmserve.stats.equivalent`), excluding 1 (a resolved difference; it can also be inside), or
-    neither (inconclusive); a point of one repeat has no CI."""
+    (:func:`slmserve.stats.equivalent`), excluding 1 (a resolved difference; it can also be inside), wholly
+    beyond ``1 ± tolerance`` (:func:`slmserve.stats.beyond`; it also excludes 1), or none of these
+    (inconclusive); a point of one repeat has no CI."""
     if runs.is_empty() or not {"family", "gpu_model"} <= set(runs.columns):
         return []
     names = model_names(runs)
@@ -836,7 +872,7 @@ def _family_ratios(runs: pl.DataFrame, tolerance: float = FAMILY_TOLERANCE) -> l
     ref = {(r["batch_size"], r["gpu_model"]): r for r in runs.filter(pl.col("model") == refs[0]).iter_rows(named=True)}
     per = []
     for (model,), group in runs.filter(pl.col("model") != refs[0]).group_by("model", maintain_order=True):
-        said, shown = [], {"inside": [], "excludes": [], "inconclusive": []}
+        said, shown = [], {"inside": [], "excludes": [], "beyond": [], "inconclusive": []}
         for r in group.sort("batch_size").iter_rows(named=True):
             other = ref.get((r["batch_size"], r["gpu_model"]))
             if other is None:
@@ -849,18 +885,13 @@ def _family_ratios(runs: pl.DataFrame, tolerance: float = FAMILY_TOLERANCE) -> l
                 said.append(f"b={b} {g['ratio']:.3f} (no CI)")
                 continue
             said.append(f"b={b} {g['ratio']:.3f} [{g['ci_lo']:.3f}, {g['ci_hi']:.3f}]")
-            inside = stats.equivalent(g["ci_lo"], g["ci_hi"], tolerance)
-            excludes = stats.verdict(g["ci_lo"], g["ci_hi"], tolerance) == "differ"
-            if inside:
-                shown["inside"].append(str(b))
-            if excludes:
-                shown["excludes"].append(str(b))
-            if not (inside or excludes):
-                shown["inconclusive"].append(str(b))
+            for what in _ci_groups(g["ci_lo"], g["ci_hi"], tolerance):
+                shown[what].append(str(b))
         if not said:
             per.append(f"{names[model][0]}: no batch measured for both on one GPU model")
             continue
         labels = {"inside": f"CI inside 1 ± {tolerance:.0%}", "excludes": "CI excludes 1",
+                  "beyond": f"CI beyond 1 ± {tolerance:.0%} (a difference larger than {tolerance:.0%})",
                   "inconclusive": f"inconclusive (CI holds 1 and reaches past 1 ± {tolerance:.0%})"}  # fmt: skip
         groups = [f"{labels[what]} at b={', '.join(batches)}" for what, batches in shown.items() if batches]
         per.append(f"{names[model][0]}: {', '.join(said)}" + (f" ({'; '.join(groups)})" if groups else ""))

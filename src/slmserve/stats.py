@@ -76,3 +76,12 @@ def equivalent(ci_lo: float | None, ci_hi: float | None, tolerance: float) -> bo
     if ci_lo is None or ci_hi is None:
         return None
     return 1.0 - tolerance - 1e-12 <= ci_lo and ci_hi <= 1.0 + tolerance + 1e-12
+
+
+def beyond(ci_lo: float | None, ci_hi: float | None, tolerance: float) -> bool | None:
+    """Whether a ratio's 95% CI ``[ci_lo, ci_hi]`` shows a difference larger than ``tolerance``: the whole
+    interval above ``1 + tolerance`` or below ``1 - tolerance`` (the converse of :func:`equivalent`'s test).
+    ``None`` without an interval."""
+    if ci_lo is None or ci_hi is None:
+        return None
+    return ci_lo > 1.0 + tolerance + 1e-12 or ci_hi < 1.0 - tolerance - 1e-12
