@@ -841,8 +841,8 @@ def _drain_note(runs: pl.DataFrame) -> list[str]:
         "Throughput × mean latency / (n/2), n requests sent at once (Little's law over the drain: about 1 while the "
         f"batch is small against n, whatever the model), per batch across the models: {said}; largest spread "
         f"{spread:.1%}. So at each batch every model's point lies on one hyperbola, throughput = drain × (n/2) / "
-        "latency, the same one for all batches while drain is about 1; a faster model's point sits further along "
-        "it. The curves agree by construction of the workload; the ratios at equal batch tell the models apart."
+        "latency, a faster model's further along it: the curves agree by construction of the workload; the ratios "
+        "at equal batch tell the models apart."
     ]
 
 

@@ -80,7 +80,8 @@ def equivalent(ci_lo: float | None, ci_hi: float | None, tolerance: float) -> bo
 
 def beyond(ci_lo: float | None, ci_hi: float | None, tolerance: float) -> bool | None:
     """Whether a ratio's 95% CI ``[ci_lo, ci_hi]`` shows a difference larger than ``tolerance``: the whole
-    interval above ``1 + tolerance`` or below ``1 - tolerance`` (the converse of :func:`equivalent`'s test).
+    interval above ``1 + tolerance`` or below ``1 - tolerance`` (the mirror of :func:`equivalent`'s test: an
+    interval can be neither).
     ``None`` without an interval."""
     if ci_lo is None or ci_hi is None:
         return None
