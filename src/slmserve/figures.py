@@ -820,7 +820,7 @@ def _throughput_sample(r: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _drain_note(runs: pl.DataFrame) -> list[str]:
-    """Why every family's points share one throughput-latency curve: with all ``n`` requests sent at once,
+    """Why the models' points agree in the throughput-latency plane: with all ``n`` requests sent at once,
     ``drain = throughput_rps * latency_mean_s / (n / 2)`` (``n`` = the point's ``n_ok``) is close to 1 while the
     batch is small against ``n`` (Little's law over the drain: on average n/2 requests are in the system) and
     grows with the batch, whatever the model. Per batch that at least two models measured: its range across

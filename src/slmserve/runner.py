@@ -278,7 +278,7 @@ def measure_points(points: Sequence[Point], run_one: Callable[[Point], Measureme
     With a ``journal``, the repeats it holds count as measured and each new one is saved as it ends; once
     every point is written they are deleted, unless ``keep_saved`` (the job's other points are still to come).
     Round k measures only the points with k repeats so far, so a resumed job goes on in the order it would
-    have kept: a point never got its second repeat while another still lacked its first."""
+    have kept: no point gets a second repeat while another lacks its first."""
     if journal is not None:
         for point in points:
             point.runs = journal.load(point.paths, point.meta_run())
