@@ -124,15 +124,18 @@ def _one_gpu(summary: pl.DataFrame) -> pl.DataFrame:
     return summary.filter(pl.col("tp") == 1) if "tp" in summary.columns else summary
 
 
+def _at_once() -> pl.Expr:
+    """Rows whose requests were all sent at once: arrival rate inf (or not recorded)."""
+    rate = pl.col("arrival_rate").cast(pl.Float64)
+    return rate.is_null() | rate.is_infinite()
+
+
 def main_workload(runs: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     """The batch-sweep workload: all requests at once (arrival rate inf) and, when several output lengths
     are present, the longest (the paper's 256). Returns the rows and a note on what was left out."""
     n = runs.height
-    if "arrival_rate" in runs.columns and n:
-        rate = pl.col("arrival_rate").cast(pl.Float64)
-        at_once = rate.is_null() | rate.is_infinite()
-        if runs.select(at_once.any()).item():
-            runs = runs.filter(at_once)
+    if "arrival_rate" in runs.columns and n and runs.select(_at_once().any()).item():
+        runs = runs.filter(_at_once())
     out = None
     if "output_len" in runs.columns and runs["output_len"].n_unique() > 1:
         out = runs["output_len"].max()
@@ -797,13 +800,13 @@ def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     are named in the caption with their reason."""
     runs, notes = main_workload(_one_gpu(ok_runs(summary)))
     runs = _finite(runs, TRADEOFF)
-    ratios = _drain_note(runs) + _family_ratios(runs)
+    claim = _drain_note(runs) + _family_ratios(runs)  # Figure 2's claim, before named() relabels the models
     runs, order = named(runs)
     data = runs.select(
         "model", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
     )
     chart = _tradeoff(data, title="Families of similar size (Figure 2, left)", label="batch_size", order=order)
-    notes += [*point_notes(runs, TRADEOFF), *log_ci_notes(runs), *ratios]
+    notes += [*point_notes(runs, TRADEOFF), *log_ci_notes(runs), *claim]
     if "family" in summary.columns:
         missing = [f for f in PAPER_FAMILIES if f not in set(summary["family"].drop_nulls().to_list())]
         notes += [f"{f}: no run in this summary (in the paper's Figure 2, left)" for f in missing]
@@ -828,15 +831,15 @@ def _drain_note(runs: pl.DataFrame) -> list[str]:
     need = {"n_ok", "arrival_rate", "throughput_rps", "latency_mean_s"}
     if runs.is_empty() or not need <= set(runs.columns):
         return []
-    at_once = runs.filter(pl.col("arrival_rate").is_infinite() & (pl.col("n_ok") > 0))
+    at_once = runs.filter(_at_once() & (pl.col("n_ok") > 0))
     drain = (pl.col("throughput_rps") * pl.col("latency_mean_s") / (pl.col("n_ok") / 2)).alias("drain")
     per = (at_once.with_columns(drain).group_by("batch_size")
            .agg(lo=pl.col("drain").min(), hi=pl.col("drain").max(), k=pl.col("model").n_unique())
            .filter(pl.col("k") >= 2).sort("batch_size"))  # fmt: skip
     if per.is_empty():
         return []
-    said = ", ".join(f"b={r['batch_size']} {r['lo']:.3f}-{r['hi']:.3f}" for r in per.iter_rows(named=True))
-    spread = max(r["hi"] / r["lo"] - 1 for r in per.iter_rows(named=True))
+    said = ", ".join(f"b={b} {lo:.3f}-{hi:.3f}" for b, lo, hi in per.select("batch_size", "lo", "hi").iter_rows())
+    spread = (per["hi"] / per["lo"]).max() - 1
     return [
         "Throughput × mean latency / (n/2), n requests sent at once (Little's law over the drain: about 1 while the "
         f"batch is small against n, whatever the model), per batch across the models: {said}; largest spread "
