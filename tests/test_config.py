@@ -415,3 +415,17 @@ def test_dry_run_tp2_profile(tmp_path: Path) -> None:
                                              out.stdout)}  # fmt: skip
     assert gpus["opt13b, tp=2"] == "2" and gpus["opt13b, tp=1"] == "1" and gpus["opt125m, tp=1"] == "1"
     assert f"{tmp_path}/figs/throughput_latency.png" in out.stdout
+
+
+def test_dry_run_h200_profile(tmp_path: Path) -> None:
+    """config/h200.yaml: the probe-sized jobs (Figure 2 right, Figures 5-7) read this outdir's whole-GPU
+    probes, never the paper profile's (an H100's), and plan no sweep, advisor plan or 36 GB probe."""
+    out = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", "config/h200.yaml",
+                    "--config", f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    assert counts["kv_probe"] == 4 and counts["output_lengths"] == 1 and counts["replication"] == 9, counts
+    assert not {"sweep", "replication_plan", "advisor"} & set(counts), counts
+    for model in ("opt6.7b", "opt125m", "opt1.3b", "opt2.7b"):
+        assert f"{tmp_path}/results/capacity/{model}-whole.json" in out.stdout
+    assert "-36gb.json" not in out.stdout and " results/capacity/" not in out.stdout
