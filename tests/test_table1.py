@@ -84,6 +84,19 @@ def test_table1_keeps_a_planned_model_without_probes(tmp_path: Path, monkeypatch
     assert "Not measured yet (no KV-cache probe result): OPT-125M (36 GB), OPT-13B (36 GB, whole GPU)." in md
 
 
+def test_table1_without_a_budget_leaves_its_columns_out(table: pl.DataFrame) -> None:
+    """budget_gb null (config/h200.yaml, the CPU engine): no empty budget columns, the KV line names the whole GPU."""
+    none = table.with_columns(budget_gb=pl.lit(None, pl.Float64), kv_tokens_budget=pl.lit(None, pl.Int64))
+    lines = table1.to_markdown(none).splitlines()
+    assert lines[0] == ("| Model | Parameters | fp16 weights | paper (A100 40 GB) | measured whole GPU: admission "
+                        "| measured whole GPU: no preemption |")  # fmt: skip
+    assert "| OPT-1.3B | 1.3B | 2.6 GB | 256 | 512 | 256 |" in lines
+    assert any(ln.startswith("KV-cache capacity in tokens (whole GPU): OPT-125M: 900000; OPT-1.3B: 230000;")
+               for ln in lines)  # fmt: skip
+    csv = pl.read_csv(table1.to_csv(none).encode())
+    assert "KV-cache tokens (whole GPU)" in csv.columns and not [c for c in csv.columns if "budget" in c]
+
+
 def test_table1(table: pl.DataFrame) -> None:
     md = table1.to_markdown(table, rule_note="A batch fits when all its requests run at once.")
     lines = md.splitlines()

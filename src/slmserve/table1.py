@@ -125,27 +125,35 @@ KV_COLUMNS = (
 )
 
 
-def _columns(budget: str, extra: Sequence[tuple[str, str]] = ()) -> list[str]:
-    return ["Model", "Parameters", "fp16 weights"] + [h.format(b=budget) for _, h in (*BATCH_COLUMNS, *extra)]
+def _shown(budget: str, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (column, header) pairs a table shows: without a budget its columns would be empty, so none of them."""
+    return [(key, h) for key, h in pairs if budget != NO_BUDGET or "{b}" not in h]
+
+
+def _columns(budget: str, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    return ["Model", "Parameters", "fp16 weights"] + [h.format(b=budget) for _, h in pairs]
 
 
 def _text_row(
     r: Mapping[str, Any], columns: Sequence[str], names: Mapping[str, tuple[str, float]],
-    extra: Sequence[tuple[str, str]] = (),
+    pairs: Sequence[tuple[str, str]],
 ) -> dict:  # fmt: skip
     name, size = names.get(r["model"], (r["model"], math.inf))
     cells = [name, r.get("params") or _MISSING, _weights(r.get("weights_gb"))]
-    cells += [_batch(r.get(key)) for key, _ in (*BATCH_COLUMNS, *extra)]
+    cells += [_batch(r.get(key)) for key, _ in pairs]
     return {**dict(zip(columns, cells, strict=True)), "_size": size}
 
 
 def table(df: pl.DataFrame, extra: Sequence[tuple[str, str]] = ()) -> pl.DataFrame:
     """Table 1 as strings, ordered by model size: Model, Parameters, fp16 weights, the paper's maximum
     batch (A100 40 GB), then by each rule (admission, no preemption) the analytic one for the memory budget
-    and the measured ones (budget emulated; whole GPU); then the ``extra`` (column, header) pairs."""
-    columns = _columns(_budget(df), extra)
+    and the measured ones (budget emulated; whole GPU); then the ``extra`` (column, header) pairs. Without a
+    memory budget the budget's columns are left out."""
+    budget = _budget(df)
+    pairs = _shown(budget, (*BATCH_COLUMNS, *extra))
+    columns = _columns(budget, pairs)
     names = model_names(df)
-    rows = [_text_row(r, columns, names, extra) for r in df.iter_rows(named=True)]
+    rows = [_text_row(r, columns, names, pairs) for r in df.iter_rows(named=True)]
     if not rows:
         return pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
     return pl.DataFrame(rows).sort("_size", "Model", maintain_order=True).drop("_size")
@@ -195,12 +203,14 @@ def _profiles_line(df: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> 
 
 
 def _kv_line(df: pl.DataFrame, budget: str, names: Mapping[str, tuple[str, float]]) -> list[str]:
+    keys = ["kv_tokens_whole"] if budget == NO_BUDGET else ["kv_tokens_budget", "kv_tokens_whole"]
     kv = "; ".join(
-        f"{names[r['model']][0]}: {_batch(r.get('kv_tokens_budget'))} / {_batch(r.get('kv_tokens_whole'))}"
+        f"{names[r['model']][0]}: {' / '.join(_batch(r.get(k)) for k in keys)}"
         for r in df.iter_rows(named=True)
-        if r.get("kv_tokens_budget") is not None or r.get("kv_tokens_whole") is not None
+        if any(r.get(k) is not None for k in keys)
     )
-    return [f"KV-cache capacity in tokens ({budget} / whole GPU): {kv}."] if kv else []
+    which = "whole GPU" if budget == NO_BUDGET else f"{budget} / whole GPU"
+    return [f"KV-cache capacity in tokens ({which}): {kv}."] if kv else []
 
 
 def _matches(df: pl.DataFrame, column: str) -> tuple[list[str], list[str]]:
