@@ -203,7 +203,7 @@ def _profiles_line(df: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> 
 
 
 def _kv_line(df: pl.DataFrame, budget: str, names: Mapping[str, tuple[str, float]]) -> list[str]:
-    keys = ["kv_tokens_whole"] if budget == NO_BUDGET else ["kv_tokens_budget", "kv_tokens_whole"]
+    keys = [key for key, _ in _shown(budget, KV_COLUMNS)]  # the CSV's rule: no budget, no budget column
     kv = "; ".join(
         f"{names[r['model']][0]}: {' / '.join(_batch(r.get(k)) for k in keys)}"
         for r in df.iter_rows(named=True)
