@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from slmserve import analysis, figures, io, journal, measure, runner
+from slmserve import analysis, figures, io, journal, layout, measure, runner
 from slmserve.journal import Journal
 from slmserve.measure import Measurement
 
@@ -187,6 +187,22 @@ def test_summary_and_caption_count_the_machines_of_a_points_repeats() -> None:
     note = figures._repeats_note(p)
     assert "ran on up to 2 machines" in note and "Repeats of 1 point " in note
     assert "machines" not in figures._repeats_note(p.filter(pl.col("path") != "a"))
+    assert p["machines"].to_list() == ["x, y", "x", None]
+
+
+def test_a_caption_names_the_machines_of_points_measured_on_several() -> None:
+    """Points of one figure from two machines (each point on one): the caption says which ran where."""
+    rows = pl.DataFrame({
+        "path": ["a", "a", "b", "b", "c"], "repeat": [0, 1, 0, 1, 0], "model": ["m"] * 5,
+        "batch_size": [1, 1, 8, 8, 64], "machine": ["x", "x", "y", "y", None], "throughput_rps": [1.0] * 5,
+    })  # fmt: skip
+    p = analysis.points(rows).sort("path")
+    note = figures._repeats_note(p)
+    assert "ran on up to" not in note  # no point's repeats were split
+    names = [figures.point_name(r) for r in p.iter_rows(named=True)]
+    assert "The points ran on 2 machines" in note
+    assert f"not recorded: {names[2]}; x: {names[0]}; y: {names[1]}." in note
+    assert "points ran on" not in figures._repeats_note(p.filter(pl.col("path") != "b"))  # one machine and unknown
 
 
 def test_a_summary_names_every_code_version_that_measured_the_point() -> None:
@@ -221,3 +237,16 @@ def test_each_saved_repeat_records_the_gpus_it_ran_on(tmp_path: Path) -> None:
     runner.measure_points([p], StandInMeasurer(), 1, None, jr, keep_saved=True)
     (saved,) = jr.load(p.paths, p.meta_run())
     assert saved.meta["gpu_ids"] == ["3"] and saved.meta["machine"] == "m"
+
+
+def test_a_repeat_without_a_machine_of_its_own_is_the_files(tmp_path: Path) -> None:
+    """Replication and probe results record the machine once, in their provenance; a resumed repeat its own."""
+    path = tmp_path / "opt125m_r2.parquet"
+    meta = {"status": "ok", "provenance": {"machine": "h200-aaaa"},
+            "repeats": [{"repeat": 0}, {"repeat": 1, "machine": "h200-bbbb"}]}  # fmt: skip
+    io.write_parquet(pl.DataFrame({"repeat": [0, 1]}), path, meta)
+    io.write_parquet(pl.DataFrame({"repeat": [0, 1]}), layout.telemetry_path(path), {})
+    rows = analysis.repeat_rows(path, lambda m, p, models: {}, lambda req, rep, tel: {})
+    assert [r["machine"] for r in rows] == ["h200-aaaa", "h200-bbbb"]
+    io.write_parquet(pl.DataFrame({"repeat": [0]}), path, {**meta, "provenance": {}, "repeats": [{"repeat": 0}]})
+    assert [r["machine"] for r in analysis.repeat_rows(path, lambda m, p, models: {}, lambda r, e, t: {})] == [None]

@@ -3,6 +3,7 @@
 import subprocess
 
 from slmserve import provenance
+from slmserve.machine import machine_id
 
 
 def test_git_sha_of_a_checkout_is_its_head(tmp_path):
@@ -36,4 +37,5 @@ def test_every_result_names_the_host_cpu_and_its_cores():
     prov = provenance.collect({"x": 1}, ())
     assert prov["cpu_model"] and prov["cpu_cores"] >= 1 and 1 <= prov["cpu_cores_usable"] <= prov["cpu_cores"]
     assert {"engine", "engine_version", "torch", "gpu_models", "driver", "gpu_ids", "slurm_job_id", "git_sha",
-            "config_hash", "created", "hostname"} <= set(prov)  # fmt: skip
+            "config_hash", "created", "hostname", "machine"} <= set(prov)  # fmt: skip
+    assert prov["machine"] == machine_id()  # the calibration table's name for this machine

@@ -163,7 +163,6 @@ def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame
         preemptions=((rep.get("server_counters") or [{}])[0] or {}).get("vllm:num_preemptions_total"),
         effective_batch=engine.get("effective_batch"),
         running_max=engine.get("running_max"),
-        machine=rep.get("machine"),  # where the repeat ran (slmserve.journal); None in older files
         beside=beside_text(rep),
         client_ok=bool(
             load.get("lag_ok", True)
@@ -231,7 +230,9 @@ def repeat_rows(path: str | os.PathLike[str], base: RowFn, metrics: MetricsFn,
         i = rep["repeat"]
         mine = req.filter(pl.col("repeat") == i) if "repeat" in req.columns else req
         tel_i = tel.filter(pl.col("repeat") == i) if "repeat" in tel.columns else tel
-        rows.append({**row, "repeat": i, **metrics(mine, rep, tel_i)})
+        # where the repeat ran: its own (resumed, slmserve.journal), else the file's; None in older files
+        machine = rep.get("machine") or (rep.get("provenance") or meta.get("provenance") or {}).get("machine")
+        rows.append({**row, "repeat": i, "machine": machine, **metrics(mine, rep, tel_i)})
     return rows
 
 
@@ -282,7 +283,8 @@ def _agg(col: str, dtype: pl.DataType) -> pl.Expr:
 def points(repeats: pl.DataFrame) -> pl.DataFrame:
     """One row per point (per result file, ``path``) from its repeats' rows: each metric's mean (counts and
     other integers: the smallest, errors the largest; flags: all true), ``n_repeats``, ``n_machines`` (how many
-    machines its repeats ran on, where they recorded it; a job resumed elsewhere gives 2), for
+    machines its repeats ran on, where they recorded it; a job resumed elsewhere gives 2) and ``machines``
+    (their ids, sorted, comma-separated), for
     :data:`CI_METRICS` the number of values, SD and 95% CI, and where repeats recorded the jobs beside them,
     ``beside`` (every such job once) and ``n_beside`` (the repeats that had one)."""
     if "repeat" not in repeats.columns:
@@ -295,6 +297,7 @@ def points(repeats: pl.DataFrame) -> pl.DataFrame:
     out = repeats.group_by("path", maintain_order=True).agg(
         *aggs, n_repeats=pl.col("repeat").count(),
         n_machines=pl.when(machines.count() > 0).then(machines.n_unique()),
+        machines=pl.when(machines.count() > 0).then(machines.unique().sort().str.join(", ")),
     )  # fmt: skip
     spread = []
     for _, group in repeats.group_by("path", maintain_order=True):
@@ -310,7 +313,7 @@ def points(repeats: pl.DataFrame) -> pl.DataFrame:
     extra = extra.with_columns(pl.col(c).cast(t) for c, t in (("beside", pl.String), ("n_beside", pl.Int64))
                                if c in extra.columns)  # fmt: skip
     order = [c for c in repeats.columns if c not in ("repeat", "machine", "beside")]
-    out = out.select([*order, "n_repeats", "n_machines"])
+    out = out.select([*order, "n_repeats", "n_machines", "machines"])
     return pl.concat([out, extra], how="horizontal") if extra.width else out
 
 

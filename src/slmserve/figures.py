@@ -475,13 +475,14 @@ def _repeats_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] =
     counts = runs["n_repeats"].fill_null(0).cast(pl.Int64)
     common = counts.mode().sort()[-1]
     k = int((counts == common).sum())
+    machines = _machines_note(runs, name) + _points_machines_note(runs, name)
     if k == runs.height:
-        return f"Repeats: n = {common} per point ({_points(k)}).{_machines_note(runs, name)}"
+        return f"Repeats: n = {common} per point ({_points(k)}).{machines}"
     line = f"Repeats: n = {common} at {k} of {runs.height} points"
     for n in sorted(set(counts.to_list()) - {common}):
         rows = runs.filter(counts == n)
         line += f"; {_points(rows.height)} with n = {n}: {', '.join(name(r) for r in rows.iter_rows(named=True))}"
-    return line + "." + _machines_note(runs, name)
+    return line + "." + machines
 
 
 def _machines_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
@@ -494,6 +495,22 @@ def _machines_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] 
     most = int(rows["n_machines"].max())
     return (f" Repeats of {_points(rows.height)} ran on up to {most} machines (a job resumed "
             f"on another): {', '.join(name(r) for r in rows.iter_rows(named=True))}.")  # fmt: skip
+
+
+def _points_machines_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
+    """`` The points ran on 2 machines (...): a: p, q; b: r.`` where the plotted points came from more than one
+    machine (``machines`` of the summary, slmserve.machine ids), with the points that did not record theirs."""
+    if "machines" not in runs.columns:
+        return ""
+    by: dict[str, list[str]] = {}
+    for r in runs.iter_rows(named=True):
+        by.setdefault(r["machines"] or "not recorded", []).append(name(r))
+    ids = {m for key in by if key != "not recorded" for m in key.split(", ")}
+    if len(ids) < 2:
+        return ""
+    each = "; ".join(f"{key}: {', '.join(points)}" for key, points in sorted(by.items()))
+    return (f" The points ran on {len(ids)} machines (a difference between points of two machines that is within "
+            f"the machines' spread, calibration table, can be theirs): {each}.")  # fmt: skip
 
 
 def _ci_note(runs: pl.DataFrame, metrics: Sequence[str], name: Callable[[Mapping[str, Any]], str] = point_name) -> str:

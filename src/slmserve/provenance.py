@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slmserve import nvml
+from slmserve.machine import machine_id
 
 
 def _version(dist: str) -> str | None:
@@ -106,6 +107,7 @@ def collect(cfg: Mapping[str, Any], gpu_ids: Sequence[int] = ()) -> dict[str, An
         "cpu_cores": os.cpu_count(),  # host-bound models (OPT-125M) depend on the host CPU
         "cpu_cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "hostname": platform.node(),
+        "machine": machine_id(),  # which physical GPUs: points measured on two machines differ by their spread
         "python": platform.python_version(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "git_sha": git_sha(Path(__file__).resolve().parent),
