@@ -384,10 +384,12 @@ def test_dry_run_quick_tp_profile(tmp_path: Path) -> None:
     assert "engine" not in tp and paper["engine"]["batch_control"] == "scheduler"  # the paper's cap, inherited
 
 
-def test_dry_run_a100_budget_replication_profile(tmp_path: Path) -> None:
-    """Figures 5-7 in the paper's memory setting: the 36 GB probes size the replicas (not the whole GPU's),
-    and the machine's calibration point keeps the whole GPU's share."""
-    out = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", "config/a100-36gb.yaml",
+@pytest.mark.parametrize("profile", ["config/a100-36gb.yaml", "config/h200-36gb.yaml"])
+def test_dry_run_a100_budget_replication_profile(profile: str, tmp_path: Path) -> None:
+    """Figures 5-7 in the paper's memory setting (on an H100, or an H200 with probes of its own): the 36 GB
+    probes size the replicas (not the whole GPU's), and the machine's calibration point keeps the whole GPU's
+    share."""
+    out = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", profile,
                     "--config", f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     counts = _job_counts(out.stdout)
