@@ -201,8 +201,12 @@ def test_a_caption_names_the_machines_of_points_measured_on_several() -> None:
     assert "ran on up to" not in note  # no point's repeats were split
     names = [figures.point_name(r) for r in p.iter_rows(named=True)]
     assert "The points ran on 2 machines" in note
-    assert f"not recorded: {names[2]}; x: {names[0]}; y: {names[1]}." in note
-    assert "points ran on" not in figures._repeats_note(p.filter(pl.col("path") != "b"))  # one machine and unknown
+    assert f"x: {names[0]}; y: {names[1]}; not recorded: {names[2]}." in note
+    one = figures._repeats_note(p.filter(pl.col("path") != "b"))  # one machine, one point without
+    assert "points ran on" not in one and f"Machine not recorded at 1 point: {names[2]}." in one
+    assert "ran on" not in figures._repeats_note(p.filter(pl.col("path") == "a"))  # one machine: nothing to say
+    none = p.with_columns(machines=pl.lit(None, pl.String))
+    assert "The points' machines are not recorded" in figures._repeats_note(none)
 
 
 def test_a_summary_names_every_code_version_that_measured_the_point() -> None:

@@ -282,8 +282,8 @@ def _agg(col: str, dtype: pl.DataType) -> pl.Expr:
 
 def points(repeats: pl.DataFrame) -> pl.DataFrame:
     """One row per point (per result file, ``path``) from its repeats' rows: each metric's mean (counts and
-    other integers: the smallest, errors the largest; flags: all true), ``n_repeats``, ``n_machines`` (how many
-    machines its repeats ran on, where they recorded it; a job resumed elsewhere gives 2) and ``machines``
+    other integers: the smallest, errors the largest; flags: all true), ``n_repeats``, ``n_machines`` (how
+    many machines its repeats ran on, where they recorded it; a job resumed elsewhere gives 2), ``machines``
     (their ids, sorted, comma-separated), for
     :data:`CI_METRICS` the number of values, SD and 95% CI, and where repeats recorded the jobs beside them,
     ``beside`` (every such job once) and ``n_beside`` (the repeats that had one)."""

@@ -499,18 +499,23 @@ def _machines_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] 
 
 def _points_machines_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
     """`` The points ran on 2 machines (...): a: p, q; b: r.`` where the plotted points came from more than one
-    machine (``machines`` of the summary, slmserve.machine ids), with the points that did not record theirs."""
-    if "machines" not in runs.columns:
+    machine (``machines`` of the summary, slmserve.machine ids), and which points did not record theirs."""
+    if "machines" not in runs.columns or runs.is_empty():
         return ""
+    unknown = "not recorded"
     by: dict[str, list[str]] = {}
     for r in runs.iter_rows(named=True):
-        by.setdefault(r["machines"] or "not recorded", []).append(name(r))
-    ids = {m for key in by if key != "not recorded" for m in key.split(", ")}
-    if len(ids) < 2:
-        return ""
-    each = "; ".join(f"{key}: {', '.join(points)}" for key, points in sorted(by.items()))
-    return (f" The points ran on {len(ids)} machines (a difference between points of two machines that is within "
-            f"the machines' spread, calibration table, can be theirs): {each}.")  # fmt: skip
+        by.setdefault(r["machines"] or unknown, []).append(name(r))
+    ids = {m for key in by if key != unknown for m in key.split(", ")}
+    if not ids:
+        return " The points' machines are not recorded (these results predate the machine in provenance)."
+    if len(ids) == 1:
+        missing = by.get(unknown, [])
+        return f" Machine not recorded at {_points(len(missing))}: {', '.join(missing)}." if missing else ""
+    order = sorted(by.items(), key=lambda kv: (kv[0] == unknown, kv[0]))  # the unrecorded last
+    each = "; ".join(f"{key}: {', '.join(points)}" for key, points in order)
+    return (f" The points ran on {len(ids)} machines (between two machines of one GPU model, a difference within "
+            f"their spread, calibration table, can be theirs): {each}.")  # fmt: skip
 
 
 def _ci_note(runs: pl.DataFrame, metrics: Sequence[str], name: Callable[[Mapping[str, Any]], str] = point_name) -> str:

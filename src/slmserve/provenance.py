@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -95,6 +96,16 @@ def gpu_info(gpu_ids: Sequence[int]) -> dict[str, Any]:
     return {"gpu_models": names, "driver": driver}
 
 
+@functools.cache
+def this_machine() -> str | None:
+    """:func:`slmserve.machine.machine_id`, once per process; None where NVML fails part-way (a GPU in a bad
+    state): as with :func:`gpu_info`, provenance never fails the run."""
+    try:
+        return machine_id()
+    except Exception:  # the machine's name is provenance, not a reason to lose the measurement
+        return None
+
+
 def collect(cfg: Mapping[str, Any], gpu_ids: Sequence[int] = ()) -> dict[str, Any]:
     """Everything a result file must say about where it came from."""
     torch_version = _version("torch")
@@ -107,7 +118,7 @@ def collect(cfg: Mapping[str, Any], gpu_ids: Sequence[int] = ()) -> dict[str, An
         "cpu_cores": os.cpu_count(),  # host-bound models (OPT-125M) depend on the host CPU
         "cpu_cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "hostname": platform.node(),
-        "machine": machine_id(),  # which physical GPUs: points measured on two machines differ by their spread
+        "machine": this_machine(),  # which physical GPUs: points measured on two machines differ by their spread
         "python": platform.python_version(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "git_sha": git_sha(Path(__file__).resolve().parent),

@@ -327,7 +327,7 @@ def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_se
             return measure_point(p, srv, alloc, prompts)
 
         prov = points[0].head.get("provenance", {}) if points else {}
-        journal = Journal(machine_id(), prov)
+        journal = Journal(prov.get("machine") or machine_id(), prov)
         measure_points(fitting, run_one, job.repeats, job.repeat_budget_s, journal, keep_saved=keep_saved)
 
 
