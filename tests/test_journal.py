@@ -186,8 +186,10 @@ def test_summary_and_caption_count_the_machines_of_a_points_repeats() -> None:
     assert p["n_machines"].to_list() == [2, 1, None] and "machine" not in p.columns
     note = figures._repeats_note(p)
     assert "ran on up to 2 machines" in note and "Repeats of 1 point " in note
-    assert "machines" not in figures._repeats_note(p.filter(pl.col("path") != "a"))
+    assert "ran on" not in figures._repeats_note(p.filter(pl.col("path") != "a"))
     assert p["machines"].to_list() == ["x, y", "x", None]
+    both = figures._repeats_note(p.filter(pl.col("path") != "b"))  # two machines, one point: said once
+    assert "ran on up to 2 machines" in both and "The points ran on" not in both
 
 
 def test_a_caption_names_the_machines_of_points_measured_on_several() -> None:
@@ -202,6 +204,8 @@ def test_a_caption_names_the_machines_of_points_measured_on_several() -> None:
     names = [figures.point_name(r) for r in p.iter_rows(named=True)]
     assert "The points ran on 2 machines" in note
     assert f"x: {names[0]}; y: {names[1]}; not recorded: {names[2]}." in note
+    mixed = analysis.points(rows.with_columns(machine=pl.Series(["x", "y", "y", "y", None]))).sort("path")
+    assert "x + y: " in figures._repeats_note(mixed)  # a point of two machines beside one of one
     one = figures._repeats_note(p.filter(pl.col("path") != "b"))  # one machine, one point without
     assert "points ran on" not in one and f"Machine not recorded at 1 point: {names[2]}." in one
     assert "ran on" not in figures._repeats_note(p.filter(pl.col("path") == "a"))  # one machine: nothing to say

@@ -39,3 +39,17 @@ def test_every_result_names_the_host_cpu_and_its_cores():
     assert {"engine", "engine_version", "torch", "gpu_models", "driver", "gpu_ids", "slurm_job_id", "git_sha",
             "config_hash", "created", "hostname", "machine"} <= set(prov)  # fmt: skip
     assert prov["machine"] == machine_id()  # the calibration table's name for this machine
+
+
+def test_a_machine_nvml_cannot_name_is_recorded_as_none(monkeypatch):
+    """NVML failing part-way (a GPU in a bad state) leaves the machine unnamed, never the run failed."""
+
+    def broken() -> str:
+        raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    provenance.this_machine.cache_clear()
+    monkeypatch.setattr(provenance, "machine_id", broken)
+    try:
+        assert provenance.collect({"x": 1}, ())["machine"] is None
+    finally:
+        provenance.this_machine.cache_clear()

@@ -74,7 +74,7 @@ def _saved(paths: tuple[Path, Path]) -> list[Path]:
 class Journal:
     """The journal of one job: the machine it runs on and that job's provenance, recorded with each repeat."""
 
-    machine: str
+    machine: str | None  # None where NVML failed part-way (provenance.this_machine)
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
     def save(self, paths: tuple[Path, Path], run: Mapping[str, Any], k: int, m: Measurement,

@@ -99,7 +99,8 @@ def gpu_info(gpu_ids: Sequence[int]) -> dict[str, Any]:
 @functools.cache
 def this_machine() -> str | None:
     """:func:`slmserve.machine.machine_id`, once per process; None where NVML fails part-way (a GPU in a bad
-    state): as with :func:`gpu_info`, provenance never fails the run."""
+    state): as with :func:`gpu_info`, provenance never fails the run. A test that fakes the machine clears the
+    cache (``this_machine.cache_clear()``) before and after."""
     try:
         return machine_id()
     except Exception:  # the machine's name is provenance, not a reason to lose the measurement

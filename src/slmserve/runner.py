@@ -35,7 +35,6 @@ from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.jobguard import guard
 from slmserve.journal import Journal, discard_saved, has_saved
 from slmserve.loadgen import LoadSpec
-from slmserve.machine import machine_id
 from slmserve.measure import Measurement, batch_fits, header, lag_threshold_s, measure, write_point, write_unmeasured
 from slmserve.server import InfeasibleError, ServerError, ServerSpec, UnsupportedError, VllmServer
 
@@ -327,7 +326,7 @@ def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_se
             return measure_point(p, srv, alloc, prompts)
 
         prov = points[0].head.get("provenance", {}) if points else {}
-        journal = Journal(prov.get("machine") or machine_id(), prov)
+        journal = Journal(prov.get("machine") or provenance.this_machine(), prov)
         measure_points(fitting, run_one, job.repeats, job.repeat_budget_s, journal, keep_saved=keep_saved)
 
 
