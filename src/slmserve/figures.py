@@ -506,14 +506,15 @@ def _points_machines_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]]
     by: dict[str, list[str]] = {}
     for r in runs.iter_rows(named=True):
         by.setdefault(r["machines"] or unknown, []).append(name(r))
-    ids = {m for key in by if key != unknown for m in key.split(", ")}
-    if not ids:
+    recorded = [key for key in by if key != unknown]
+    if not recorded:
         return " The points' machines are not recorded (written before results named it, 2026-11-26, or NVML failed)."
-    if len([key for key in by if key != unknown]) < 2:  # one machine, or one set for every point: said above
+    if len(recorded) < 2:  # one machine, or one set for every point: said above
         missing = by.get(unknown, [])
         return f" Machine not recorded at {_points(len(missing))}: {', '.join(missing)}." if missing else ""
     order = sorted(by.items(), key=lambda kv: (kv[0] == unknown, kv[0]))  # the unrecorded last
     each = "; ".join(f"{key.replace(', ', ' + ')}: {', '.join(points)}" for key, points in order)
+    ids = {m for key in recorded for m in key.split(", ")}
     return (f" The points ran on {len(ids)} machines (between two machines of one GPU model, a difference within "
             f"their spread, calibration table, can be theirs): {each}.")  # fmt: skip
 

@@ -326,7 +326,7 @@ def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_se
             return measure_point(p, srv, alloc, prompts)
 
         prov = points[0].head.get("provenance", {}) if points else {}
-        journal = Journal(prov.get("machine") or provenance.this_machine(), prov)
+        journal = Journal(provenance.this_machine(), prov)  # the value prov holds, cached
         measure_points(fitting, run_one, job.repeats, job.repeat_budget_s, journal, keep_saved=keep_saved)
 
 
