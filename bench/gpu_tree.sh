@@ -16,13 +16,20 @@ py=${PYTHON:-python3}
 
 slim_paths() {  # bench/results, paper_figures, and every config's outdir that no named config writes into
   "$py" - "$@" <<'PY'
-import glob, sys, yaml
+import glob, subprocess, sys, yaml
+tracked = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True).stdout.split()
 outdir = lambda cfg: (yaml.safe_load(open(cfg)) or {}).get("outdir", "results")
 keep = {outdir(c) for c in sys.argv[1:]}
 inside = lambda a, b: a == b or a.startswith(b + "/")
 drop = {outdir(c) for c in glob.glob("config/*.yaml")} - keep
-# an outdir holding a kept one (results holds results/quick) stays: it is dropped only where nothing kept is in it
-drop = {d for d in drop if not any(inside(k, d) for k in keep)}
+# an outdir holding a kept one (results holds results/quick-tp) stays; only its own entries go, where no kept
+# outdir is in them (2026-11-27: the paper's 31 MiB of runs and calibration beside results/quick-tp)
+holders = {d for d in drop if any(inside(k, d) for k in keep)}
+drop -= holders
+for d in holders:
+    for entry in {d + "/" + f[len(d) + 1:].split("/")[0] for f in tracked if inside(f, d) and f != d}:
+        if not any(inside(k, entry) or inside(entry, k) for k in keep) and not any(inside(entry, x) for x in drop):
+            drop.add(entry)
 print("\n".join(["bench/results", "paper_figures", *sorted(drop)]))
 PY
 }

@@ -26,19 +26,25 @@ def _tree(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "bench/gpu_tree.sh", *args], cwd=repo, env=env, capture_output=True, text=True)
 
 
-def test_slim_leaves_out_what_no_gpu_job_reads_and_restore_puts_it_back(tmp_path: Path) -> None:
+def _repo(tmp_path: Path, files: list[str]) -> Path:
+    """A git repository holding the script, the configs and ``files`` (each holding its own path), committed."""
     repo = tmp_path / "repo"
     (repo / "bench").mkdir(parents=True)
     shutil.copy(ROOT / "bench/gpu_tree.sh", repo / "bench/gpu_tree.sh")
     shutil.copytree(ROOT / "config", repo / "config", ignore=shutil.ignore_patterns("models", "schemas"))
-    files = ["bench/results/log.txt", "paper_figures/fig.md", "results/runs/a.parquet", "results/quick/q.parquet",
-             "results/tp2/t.parquet", "src/code.py"]  # fmt: skip
     for f in files:
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         (repo / f).write_text(f)
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "all")
+    return repo
+
+
+def test_slim_leaves_out_what_no_gpu_job_reads_and_restore_puts_it_back(tmp_path: Path) -> None:
+    files = ["bench/results/log.txt", "paper_figures/fig.md", "results/runs/a.parquet", "results/quick/q.parquet",
+             "results/tp2/t.parquet", "src/code.py"]  # fmt: skip
+    repo = _repo(tmp_path, files)
     typo = _tree(repo, "slim", "config/confg.yaml")  # a mistyped config changes nothing
     assert typo.returncode == 2 and "no config file config/confg.yaml" in typo.stderr
     assert _tree(repo, "status").stdout.startswith("whole") and _git(repo, "status", "--porcelain").stdout == ""
@@ -60,3 +66,17 @@ def test_slim_leaves_out_what_no_gpu_job_reads_and_restore_puts_it_back(tmp_path
     assert _git(repo, "status", "--porcelain").stdout == " D src/code.py\n"
     assert _tree(repo, "status").stdout.startswith("whole")
     assert not (repo / ".git/hooks/pre-commit").exists()
+
+
+def test_slim_of_a_profile_inside_the_paper_outdir_leaves_out_the_paper_results_beside_it(tmp_path: Path) -> None:
+    files = ["results/runs/a.parquet", "results/calibration/c.parquet", "results/quick-tp/k.parquet",
+             "results/quick/q.parquet", "src/code.py"]  # fmt: skip
+    repo = _repo(tmp_path, files)
+    slim = _tree(repo, "slim", "config/quick-tp.yaml")  # its outdir, results/quick-tp, is inside results
+    assert slim.returncode == 0, slim.stderr
+    tracked = set(_git(repo, "ls-files").stdout.split())
+    assert {"results/quick-tp/k.parquet", "src/code.py"} <= tracked
+    assert not tracked & {"results/runs/a.parquet", "results/calibration/c.parquet", "results/quick/q.parquet"}
+    assert _git(repo, "status", "--porcelain", "--untracked-files=all").stdout.count("??") == 0
+    assert _tree(repo, "restore").returncode == 0
+    assert set(files) <= set(_git(repo, "ls-files").stdout.split())
