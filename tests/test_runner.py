@@ -276,6 +276,38 @@ def test_a_point_with_saved_repeats_is_never_recorded_as_unmeasurable(
     assert not job.outputs[4][0].exists() and journal.has_saved(job.outputs[4], run)
 
 
+class StandInFourBlockServer(StandInSmallServer):
+    """Starts like VllmServer with a KV cache of 64 tokens (4 blocks of 16): batch 4 of the test fits, 8 does not."""
+
+    kv_cache_tokens = 64
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_a_batch_that_does_not_fit_is_written_only_with_the_measured_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured: bool
+) -> None:
+    """A sweep cut off part-way (here its measurement fails) leaves no result file of the sweep, not even the
+    infeasible point's, which is known at the server's start: a file of it would look like a finished sweep."""
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    monkeypatch.setattr(runner, "VllmServer", StandInFourBlockServer)
+
+    def measure(p: runner.Point, *args: object, **kwargs: object) -> runner.Measurement:
+        if not measured:
+            raise runner.ServerError("the vLLM server died during the measured run")
+        return _stand_in_repeat()
+
+    monkeypatch.setattr(runner, "measure_point", measure)
+    job = _small_job(tmp_path, [4, 8])
+    if measured:
+        runner.run_sweep(job)
+        assert io.read_meta(job.outputs[8][0])["status"] == "infeasible" and job.outputs[4][0].exists()
+        return
+    with pytest.raises(runner.ServerError, match="died"):
+        runner.run_sweep(job)
+    assert not job.outputs[8][0].exists() and not job.outputs[4][0].exists()
+
+
 class StandInOneStartServer(StandInSmallServer):
     """Starts once like VllmServer (any batch fits); the second start fails as a server that dies does."""
 

@@ -320,7 +320,6 @@ def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_se
                 unfit.append((p, reason))
         for p, reason in unfit:
             log.warning("%s infeasible: %s", p.paths[0].name, reason)
-            write_unmeasured(p.paths, p.head, reason, server=srv.info())
 
         def run_one(p: Point) -> Measurement:
             return measure_point(p, srv, alloc, prompts)
@@ -328,6 +327,10 @@ def _serve(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_se
         prov = points[0].head.get("provenance", {}) if points else {}
         journal = Journal(provenance.this_machine(), prov)  # the value prov holds, cached
         measure_points(fitting, run_one, job.repeats, job.repeat_budget_s, journal, keep_saved=keep_saved)
+        # written with the measured points, not before: a job cut off on a lost machine leaves no file of its
+        # sweep that looks done (2026-11-27: a resumed sweep's bs512 made Snakemake plan nothing for it)
+        for p, reason in unfit:
+            write_unmeasured(p.paths, p.head, reason, server=srv.info())
 
 
 def _serve_or_record(job: SweepJob, alloc: Allocation, points: Sequence[Point], max_num_seqs: int, tag: str,
