@@ -27,9 +27,8 @@ drop = {outdir(c) for c in glob.glob("config/*.yaml")} - keep
 holders = {d for d in drop if any(inside(k, d) for k in keep)}
 drop -= holders
 for d in holders:
-    for entry in {d + "/" + f[len(d) + 1:].split("/")[0] for f in tracked if inside(f, d) and f != d}:
-        if not any(inside(k, entry) or inside(entry, k) for k in keep) and not any(inside(entry, x) for x in drop):
-            drop.add(entry)
+    entries = {d + "/" + f[len(d) + 1:].split("/")[0] for f in tracked if inside(f, d)}
+    drop |= {e for e in entries if not any(inside(k, e) for k in keep) and not any(inside(e, x) for x in drop)}
 print("\n".join(["bench/results", "paper_figures", *sorted(drop)]))
 PY
 }
