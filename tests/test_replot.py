@@ -28,7 +28,7 @@ def test_replot_from_fixture_results_runs_no_measurement(tmp_path: Path) -> None
         if path.is_file():
             os.utime(path, (old, old))
     args = ["--configfile", "config/smoke.yaml", "--config", "replot=True", f"outdir={out}", f"figdir={fig}"]
-    proc = snakemake("all", "--cores", "1", *args, timeout=600)
+    proc = snakemake("all", "--cores", "2", *args, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
     assert not [r for r in MEASURING if r in log]
@@ -43,7 +43,7 @@ def test_replot_from_fixture_results_runs_no_measurement(tmp_path: Path) -> None
     assert "Nothing to be done" in again.stdout + again.stderr
     # re-plotting unchanged results rewrites identical bytes: a checkout stays clean
     before = {p: p.read_bytes() for p in [*out.glob("summary/*.parquet"), *fig.glob("*")] if p.is_file()}
-    forced = snakemake("all", "--cores", "1", *args, "--forceall", timeout=600)
+    forced = snakemake("all", "--cores", "2", *args, "--forceall", timeout=600)
     assert forced.returncode == 0, forced.stderr[-3000:]
     changed = [str(p) for p, data in before.items() if p.read_bytes() != data]
     assert changed == [], changed
@@ -63,7 +63,7 @@ def test_replot_of_an_unfinished_campaign_draws_what_is_there_and_names_the_rest
                  "replication/opt125m_r2.telemetry.parquet"):  # fmt: skip
         (out / gone).unlink()
     args = ["--configfile", "config/smoke.yaml", "--config", "replot=True", f"outdir={out}", f"figdir={fig}"]
-    proc = snakemake("all", "--cores", "1", *args, timeout=600)
+    proc = snakemake("all", "--cores", "2", *args, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
     assert not [r for r in MEASURING if r in log]
