@@ -237,7 +237,7 @@ def locks_free(tmp_path: Path) -> bool:
     return True
 
 
-def test_server_killed_mid_run_fails_fast_and_rerun_succeeds(tmp_path: Path, prompts: Path) -> None:
+def test_server_killed_mid_run_fails_fast_and_leaves_nothing_done(tmp_path: Path, prompts: Path) -> None:
     proc, log, _ = start_job(tmp_path, prompts)
     wait_for("server up", log, proc)
     time.sleep(3)  # inside the measured run (16 requests x 64 tokens at batch 1 take ~15 s here)
@@ -251,17 +251,6 @@ def test_server_killed_mid_run_fails_fast_and_rerun_succeeds(tmp_path: Path, pro
     text = log.read_text()
     assert "died" in text and "server log" in text  # a clear message with the server's log tail
     assert not list((tmp_path / "run").glob("*.parquet"))  # nothing that looks done
-    assert locks_free(tmp_path)
-
-    # Rerun: succeeds; batch 512 cannot hold its prompts in a 1 GiB KV cache (512 x 128 > 29,056 tokens).
-    proc, log, _ = start_job(tmp_path, prompts, batch_sizes=[1, 512], output_len=16)
-    assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
-    ok = io.read_meta(tmp_path / "run/bs1.requests.parquet")
-    assert ok["status"] == "ok" and pl.read_parquet(tmp_path / "run/bs1.requests.parquet").height == 16
-    bad = io.read_meta(tmp_path / "run/bs512.requests.parquet")
-    assert bad["status"] == "infeasible"
-    assert "batch 512 needs 65536 KV-cache tokens" in bad["reason"]
-    assert pl.read_parquet(tmp_path / "run/bs512.requests.parquet").height == 0
     assert locks_free(tmp_path)
 
 
@@ -310,11 +299,12 @@ def _in_service_peak(req: pl.DataFrame) -> int:
 
 
 def test_scheduler_caps_the_batch_on_one_server_with_interleaved_repeats(tmp_path: Path, prompts: Path) -> None:
-    """batch_control: scheduler on the real engine: one server start for the sweep; in every repeat the
-    server's running-request gauge (polled at 1 Hz) and the client's in-service count stay at or under b
-    although all requests are sent at once; repeats interleave across batch sizes."""
+    """batch_control: scheduler on the real engine: one server start for the sweep (--max-num-seqs 512); in
+    every repeat the server's running-request gauge (polled at 1 Hz) and the client's in-service count stay at
+    or under b although all requests are sent at once; repeats interleave across batch sizes. Batch 512 cannot
+    hold its 512 x 128 prompt tokens in a 1 GiB KV cache: written as infeasible, not run."""
     sizes = [1, 2, 4]
-    proc, log, spec = start_job(tmp_path, prompts, batch_sizes=sizes, batch_control="scheduler", repeats=2,
+    proc, log, spec = start_job(tmp_path, prompts, batch_sizes=[*sizes, 512], batch_control="scheduler", repeats=2,
                                 num_requests=12, output_len=32)  # fmt: skip
     assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
     assert log.read_text().count("server up") == 1
@@ -337,6 +327,11 @@ def test_scheduler_caps_the_batch_on_one_server_with_interleaved_repeats(tmp_pat
     server_log = (Path(spec["out"]) / "logs/server-all.log").read_text()
     assert "--scheduler-cls slmserve.vllm_scheduler." in server_log
     assert [int(m) for m in re.findall(r"slmserve batch cap (\d+)", server_log)][:3] == [1, 2, 4]
+    assert "--max-num-seqs 512" in server_log
+    bad = io.read_meta(Path(spec["out"]) / "bs512.requests.parquet")
+    assert bad["status"] == "infeasible" and "batch 512 needs 65536 KV-cache tokens" in bad["reason"]
+    assert pl.read_parquet(Path(spec["out"]) / "bs512.requests.parquet").height == 0
+    assert locks_free(tmp_path)
 
 
 def test_tensor_parallel_two_ranks_on_the_cpu_engine(tmp_path: Path, prompts: Path) -> None:
