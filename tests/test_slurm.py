@@ -5,9 +5,9 @@ slurmdbd, slurmctld, slurmd; installed if missing) with 4 GPUs that are not ther
 are aliases of /dev/null, so ``--gpus=k`` is accepted and SLURM sets CUDA_VISIBLE_DEVICES, while the
 jobs run the CPU engine. The test submits ``snakemake demo`` with the smoke configuration through a copy
 of profiles/slurm in which only the partition and account are changed and the GPU jobs' CPUs, memory
-and time are scaled to this machine (engine.batch_control=client: one server start per sweep job, to
-keep the test to a few minutes). A blocker job holds GPU 0 throughout, so the sweep job is given
-another GPU and must use that one. Then:
+and time are scaled to this machine (engine.batch_control=client: one server start per sweep job;
+workload.repeats=1: the SLURM path needs no second repeat; both keep the test to a few minutes). A blocker
+job holds GPU 0 throughout, so the sweep job is given another GPU and must use that one. Then:
 
 1. once the sweep job's vLLM server answers, the job is scancel'ed: no process of that job (the server
    included) may be left after 30 s (SLURM's KillWait), and Snakemake must report the job failed;
@@ -233,8 +233,10 @@ def test_smoke_dag_through_slurm_profile(slurm: dict[str, str], tmp_path: Path) 
         print("the fake GPUs are plain files here: SLURM sets no CUDA_VISIBLE_DEVICES, jobs run GPU-less")
     out, fig, slurm_logs = tmp_path / "results", tmp_path / "figs", tmp_path / "slurm-logs"
     profile = slurm_test_profile(tmp_path / "profile", node_cpus)
+    one_repeat = tmp_path / "one-repeat.yaml"  # --config would pass the nested 1 as a string
+    one_repeat.write_text("workload:\n  repeats: 1\n")
     cmd = [
-        SNAKEMAKE, "demo", "--workflow-profile", str(profile), "--configfile", "config/smoke.yaml",
+        SNAKEMAKE, "demo", "--workflow-profile", str(profile), "--configfile", "config/smoke.yaml", str(one_repeat),
         "--config", f"outdir={out}", f"figdir={fig}", "engine={batch_control: client}",
         "--slurm-init-seconds-before-status-checks", "5", "--slurm-logdir", str(slurm_logs),
     ]  # fmt: skip
