@@ -199,7 +199,7 @@ def start_job(tmp_path: Path, prompts: Path, pool: str = "0", **kw: object) -> t
         "tensor_parallel": 1, "batch_sizes": [1], "prompts_path": str(prompts), "input_len": 128,
         "output_len": 64, "num_requests": 16, "warmup_requests": 1, "dtype": "float32", "max_model_len": 256,
         "cpu_kv_cache_gb": 1, "startup_timeout_s": 600, "out": str(tmp_path / "run"), "batch_control": "client",
-        "engine_args": ["--enforce-eager"],  # as config/smoke.yaml: no torch.compile, ~50 s less per start
+        "engine_args": ["--enforce-eager"],  # as config/smoke.yaml
     }  # fmt: skip
     spec.update(kw)
     env = {**os.environ, "SLMSERVE_GPU_POOL": pool, "SLMSERVE_LOCK_DIR": str(tmp_path / "locks")}
