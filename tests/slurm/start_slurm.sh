@@ -165,6 +165,8 @@ SlurmdPidFile=$DIR/run/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd.log
 SlurmctldDebug=info
+# Clients wait this long for slurmctld (default 10 s): on 2 cores starting vLLM, 10 s timed out in CI.
+MessageTimeout=30
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
