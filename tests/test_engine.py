@@ -308,9 +308,10 @@ def test_scheduler_caps_the_batch_on_one_server_with_interleaved_repeats(tmp_pat
                                 num_requests=12, output_len=32)  # fmt: skip
     assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
     assert log.read_text().count("server up") == 1
+    out = Path(spec["out"])
     starts, sampled = [], []
     for b in sizes:
-        path = Path(spec["out"]) / f"bs{b}.requests.parquet"
+        path = out / f"bs{b}.requests.parquet"
         meta, req = io.read_meta(path), pl.read_parquet(path)
         assert meta["status"] == "ok" and meta["run"]["batch_control"] == "scheduler"
         assert [r["repeat"] for r in meta["repeats"]] == [0, 1] and req["repeat"].unique().sort().to_list() == [0, 1]
@@ -324,13 +325,13 @@ def test_scheduler_caps_the_batch_on_one_server_with_interleaved_repeats(tmp_pat
             starts.append((rep["t0_mono"], b, rep["repeat"]))
     assert [(b, r) for _, b, r in sorted(starts)] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]
     assert sum(sampled) >= 1, sampled  # the gauge was read during the sweep's 10-20 s of runs
-    server_log = (Path(spec["out"]) / "logs/server-all.log").read_text()
+    server_log = (out / "logs/server-all.log").read_text()
     assert "--scheduler-cls slmserve.vllm_scheduler." in server_log
     assert [int(m) for m in re.findall(r"slmserve batch cap (\d+)", server_log)][:3] == [1, 2, 4]
     assert "--max-num-seqs 512" in server_log
-    bad = io.read_meta(Path(spec["out"]) / "bs512.requests.parquet")
+    bad = io.read_meta(out / "bs512.requests.parquet")
     assert bad["status"] == "infeasible" and "batch 512 needs 65536 KV-cache tokens" in bad["reason"]
-    assert pl.read_parquet(Path(spec["out"]) / "bs512.requests.parquet").height == 0
+    assert pl.read_parquet(out / "bs512.requests.parquet").height == 0
     assert locks_free(tmp_path)
 
 
