@@ -8,7 +8,9 @@
 #   after another, each its own Snakemake run over its own config, e.g. probes of the paper config, then
 #   the rest of the quick profile. Later calls, while Snakemake runs: CONFIGFILE WAIT_S, the rest ignored.
 #   FRESH="path ..." removes those paths of the copied tree first: the committed results of a profile being
-#   measured again, which Snakemake would otherwise take as done, having no metadata of their params)
+#   measured again, which Snakemake would otherwise take as done, having no metadata of their params;
+#   NO_START_AFTER=epoch-seconds starts no stage after then: a machine lent for 30 minutes loses a job it
+#   cannot finish, so give each long job its own stage)
 #
 # Needs, carried in .gpu-carry/: snake/ (Snakemake and its wheels that the image lacks), extra/ (polars wheels
 # and the prepared prompts parquet); the vLLM wheel set installed by ../shared/gpu/install-wheelhouse.sh in
@@ -55,10 +57,11 @@ if [ ! -f "$wf/.pid" ]; then
   for st in "${stages[@]}"; do
     # a stage is "CONFIG target..." (no spaces inside paths); the targets go last: --configfile and
     # --resources take several values and would swallow them
+    script+="if [ \$(date +%s) -ge ${NO_START_AFTER:-9999999999} ]; then echo \"stage not started: past NO_START_AFTER ($st)\"; else "
     script+="python3 -m snakemake --configfile ${st%% *} --cores 4 --resources gpu=$gpus --rerun-incomplete --keep-going"
     [ "$st" = "${st%% *}" ] || script+=" ${st#* }"
     script+="; "
-    script+="echo \"snakemake exit \$? ($st)\"; "
+    script+="echo \"snakemake exit \$? ($st)\"; fi; "
   done
   setsid nohup bash -c "$script" >"$wf/snakemake.log" 2>&1 </dev/null &
   echo $! >"$wf/.pid"
