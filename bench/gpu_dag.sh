@@ -71,7 +71,7 @@ pid=$(cat .pid); t0=$SECONDS
 while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$wait_s" ]; do sleep 5; done
 kill -0 "$pid" 2>/dev/null && echo "RUNNING since $(cat .started)" || echo "FINISHED (started $(cat .started), now $(date -u +%FT%TZ))"
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
-mapfile -t outdirs <.outdirs
+mapfile -t outdirs < <(sort -u .outdirs)  # stages of one config repeat its outdir
 # Only what this machine wrote (resumed files keep their archive times): a small reply shortens the idle gap.
 mapfile -t made < <(find "${outdirs[@]}" logs -type f -newer .started ! -name '*.tmp' ! -path '*/data/*' 2>/dev/null)
 tar czf "$OUT/results.tgz" "${made[@]}" snakemake.log .started 2>/dev/null
