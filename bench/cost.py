@@ -23,7 +23,7 @@ RULE_FIGURES: Mapping[str, str] = {
     "sweep": "Figures 1, 3, 4, 8, DRAM bandwidth, energy per token (Figure 2 left for family models)",
     "output_lengths": "Figure 2 right",
     "replication": "Figures 5-7, energy per token with replicas",
-    "replication_plan": "Figures 5-7: the batching advisor's plans (quick profile)",
+    "replication_plan": "Figures 5-7: the batching advisor's plans",
     "calibration": "the machine-to-machine spread (calibration table)",
 }
 _STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
