@@ -44,6 +44,7 @@ if [ ! -f "$wf/.pid" ]; then
   : >"$wf/.outdirs"
   for st in "${stages[@]}"; do
     od=$(outdir_of "${st%% *}") && [ -n "$od" ] || { echo "no outdir in ${st%% *}" >&2; exit 3; }
+    grep -qxF "$od" "$wf/.outdirs" && continue  # stages of one config share its outdir
     mkdir -p "$wf/$od/data" && cp "$carry"/extra/prompts-*.parquet "$wf/$od/data/"
     echo "$od" >>"$wf/.outdirs"
   done
@@ -57,11 +58,12 @@ if [ ! -f "$wf/.pid" ]; then
   for st in "${stages[@]}"; do
     # a stage is "CONFIG target..." (no spaces inside paths); the targets go last: --configfile and
     # --resources take several values and would swallow them
-    script+="if [ \$(date +%s) -ge ${NO_START_AFTER:-9999999999} ]; then echo \"stage not started: past NO_START_AFTER ($st)\"; else "
+    [ -z "${NO_START_AFTER:-}" ] || script+="if [ \$(date +%s) -ge $NO_START_AFTER ]; then echo \"stage not started: past NO_START_AFTER ($st)\"; else "
     script+="python3 -m snakemake --configfile ${st%% *} --cores 4 --resources gpu=$gpus --rerun-incomplete --keep-going"
     [ "$st" = "${st%% *}" ] || script+=" ${st#* }"
     script+="; "
-    script+="echo \"snakemake exit \$? ($st)\"; fi; "
+    script+="echo \"snakemake exit \$? ($st)\"; "
+    [ -z "${NO_START_AFTER:-}" ] || script+="fi; "
   done
   setsid nohup bash -c "$script" >"$wf/snakemake.log" 2>&1 </dev/null &
   echo $! >"$wf/.pid"
@@ -71,7 +73,7 @@ pid=$(cat .pid); t0=$SECONDS
 while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$wait_s" ]; do sleep 5; done
 kill -0 "$pid" 2>/dev/null && echo "RUNNING since $(cat .started)" || echo "FINISHED (started $(cat .started), now $(date -u +%FT%TZ))"
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
-mapfile -t outdirs < <(sort -u .outdirs)  # stages of one config repeat its outdir
+mapfile -t outdirs <.outdirs
 # Only what this machine wrote (resumed files keep their archive times): a small reply shortens the idle gap.
 mapfile -t made < <(find "${outdirs[@]}" logs -type f -newer .started ! -name '*.tmp' ! -path '*/data/*' 2>/dev/null)
 tar czf "$OUT/results.tgz" "${made[@]}" snakemake.log .started 2>/dev/null
