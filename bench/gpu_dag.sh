@@ -58,12 +58,12 @@ if [ ! -f "$wf/.pid" ]; then
   for st in "${stages[@]}"; do
     # a stage is "CONFIG target..." (no spaces inside paths); the targets go last: --configfile and
     # --resources take several values and would swallow them
-    [ -z "${NO_START_AFTER:-}" ] || script+="if [ \$(date +%s) -ge $NO_START_AFTER ]; then echo \"stage not started: past NO_START_AFTER ($st)\"; else "
-    script+="python3 -m snakemake --configfile ${st%% *} --cores 4 --resources gpu=$gpus --rerun-incomplete --keep-going"
-    [ "$st" = "${st%% *}" ] || script+=" ${st#* }"
-    script+="; "
-    script+="echo \"snakemake exit \$? ($st)\"; "
-    [ -z "${NO_START_AFTER:-}" ] || script+="fi; "
+    cmd="python3 -m snakemake --configfile ${st%% *} --cores 4 --resources gpu=$gpus --rerun-incomplete --keep-going"
+    [ "$st" = "${st%% *}" ] || cmd+=" ${st#* }"
+    cmd+="; echo \"snakemake exit \$? ($st)\"; "
+    [ -z "${NO_START_AFTER:-}" ] ||
+      cmd="if [ \$(date +%s) -ge $NO_START_AFTER ]; then echo \"stage not started: past NO_START_AFTER ($st)\"; else ${cmd}fi; "
+    script+=$cmd
   done
   setsid nohup bash -c "$script" >"$wf/snakemake.log" 2>&1 </dev/null &
   echo $! >"$wf/.pid"
