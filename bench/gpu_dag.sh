@@ -10,7 +10,8 @@
 #   FRESH="path ..." removes those paths of the copied tree first: the committed results of a profile being
 #   measured again, which Snakemake would otherwise take as done, having no metadata of their params;
 #   NO_START_AFTER=epoch-seconds starts no stage after then: a machine lent for 30 minutes loses a job it
-#   cannot finish, so give each long job its own stage)
+#   cannot finish, so give each long job its own stage; GPU_WF, GPU_SITE: the run's tree and Snakemake's
+#   install, /tmp/wf and /tmp/site unless set, as tests/test_gpu_dag.py sets them)
 #
 # Needs, carried in .gpu-carry/: snake/ (Snakemake and its wheels that the image lacks), extra/ (polars wheels
 # and the prepared prompts parquet); the vLLM wheel set installed by ../shared/gpu/install-wheelhouse.sh in
@@ -19,7 +20,7 @@
 # there, if any, need not be current).
 set -uo pipefail
 cfg=${1:?config file}; wait_s=${2:?seconds to wait}; shift 2
-repo=$PWD; wf=/tmp/wf; site=/tmp/site; carry=${GPU_CARRY:-$repo/.gpu-carry}
+repo=$PWD; wf=${GPU_WF:-/tmp/wf}; site=${GPU_SITE:-/tmp/site}; carry=${GPU_CARRY:-$repo/.gpu-carry}
 export PYTHONPATH=/tmp/vllm-site:$site:$wf/src VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 outdir_of() { python3 -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['outdir'])" "$1"; }
 # The stages: "CONFIG targets..." separated by "+"; their configs name the outdirs packed on every call.
