@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,13 @@ def snakemake(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.
     exe = SNAKEMAKE if Path(SNAKEMAKE).exists() else shutil.which("snakemake")
     assert exe, "snakemake not found"
     return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run git in ``repo`` with a fixed identity (a temporary repository has none); output captured."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    return subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=check)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, git
 
 pytestmark = pytest.mark.skipif(
     shutil.which("git") is None or shutil.which("setsid") is None, reason="needs git and setsid"
@@ -33,12 +33,6 @@ Path(outdir, "data", "built.parquet").write_text("prompts built by the run")
 """
 
 
-def _git(repo: Path, *args: str) -> None:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=True)
-
-
 @pytest.fixture
 def host(tmp_path: Path) -> dict[str, Path]:
     """A sent tree (two configs, a committed result), the carry, Snakemake's install dir and $OUT."""
@@ -47,9 +41,9 @@ def host(tmp_path: Path) -> dict[str, Path]:
                     "results/a/done.parquet": "committed"}.items():  # fmt: skip
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         (repo / f).write_text(text)
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "tree")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "tree")
     carry = tmp_path / "carry"
     (carry / "extra").mkdir(parents=True)
     (carry / "extra/prompts-in8-n4.parquet").write_text("prompts")

@@ -10,15 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, git
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-
-
-def _git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-    return subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=check)
 
 
 def _tree(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -35,9 +29,9 @@ def _repo(tmp_path: Path, files: list[str]) -> Path:
     for f in files:
         (repo / f).parent.mkdir(parents=True, exist_ok=True)
         (repo / f).write_text(f)
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "all")
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "all")
     return repo
 
 
@@ -47,23 +41,23 @@ def test_slim_leaves_out_what_no_gpu_job_reads_and_restore_puts_it_back(tmp_path
     repo = _repo(tmp_path, files)
     typo = _tree(repo, "slim", "config/confg.yaml")  # a mistyped config changes nothing
     assert typo.returncode == 2 and "no config file config/confg.yaml" in typo.stderr
-    assert _tree(repo, "status").stdout.startswith("whole") and _git(repo, "status", "--porcelain").stdout == ""
+    assert _tree(repo, "status").stdout.startswith("whole") and git(repo, "status", "--porcelain").stdout == ""
     (repo / "src/code.py").unlink()  # a tracked file gone from the work tree does not fail the script
     slim = _tree(repo, "slim", "config/config.yaml", "config/quick.yaml")
     assert slim.returncode == 0, slim.stderr
-    tracked = set(_git(repo, "ls-files").stdout.split())
+    tracked = set(git(repo, "ls-files").stdout.split())
     assert {"results/runs/a.parquet", "results/quick/q.parquet", "src/code.py"} <= tracked  # the outdirs measured
     assert not tracked & {"bench/results/log.txt", "paper_figures/fig.md", "results/tp2/t.parquet"}
-    assert _git(repo, "status", "--porcelain", "--untracked-files=all").stdout.count("??") == 0  # ignored too
+    assert git(repo, "status", "--porcelain", "--untracked-files=all").stdout.count("??") == 0  # ignored too
     assert all((repo / f).exists() for f in files if f != "src/code.py")  # out of the index only
     assert _tree(repo, "status").stdout.startswith("slim")
     assert _tree(repo, "slim", "config/config.yaml").returncode == 2  # not twice
-    refused = _git(repo, "commit", "-qm", "would delete them", check=False)
+    refused = git(repo, "commit", "-qm", "would delete them", check=False)
     assert refused.returncode != 0 and "bench/gpu_tree.sh restore" in refused.stderr
     assert _tree(repo, "restore").returncode == 0
-    assert set(_git(repo, "ls-files").stdout.split()) == set(files) | {
+    assert set(git(repo, "ls-files").stdout.split()) == set(files) | {
         str(p.relative_to(repo)) for p in (repo / "config").glob("*.yaml")} | {"bench/gpu_tree.sh"}  # fmt: skip
-    assert _git(repo, "status", "--porcelain").stdout == " D src/code.py\n"
+    assert git(repo, "status", "--porcelain").stdout == " D src/code.py\n"
     assert _tree(repo, "status").stdout.startswith("whole")
     assert not (repo / ".git/hooks/pre-commit").exists()
 
@@ -74,9 +68,9 @@ def test_slim_of_a_profile_inside_the_paper_outdir_leaves_out_the_paper_results_
     repo = _repo(tmp_path, files)
     slim = _tree(repo, "slim", "config/quick-tp.yaml")  # its outdir, results/quick-tp, is inside results
     assert slim.returncode == 0, slim.stderr
-    tracked = set(_git(repo, "ls-files").stdout.split())
+    tracked = set(git(repo, "ls-files").stdout.split())
     assert {"results/quick-tp/k.parquet", "src/code.py"} <= tracked
     assert not tracked & {"results/runs/a.parquet", "results/calibration/c.parquet", "results/quick/q.parquet"}
-    assert _git(repo, "status", "--porcelain", "--untracked-files=all").stdout.count("??") == 0
+    assert git(repo, "status", "--porcelain", "--untracked-files=all").stdout.count("??") == 0
     assert _tree(repo, "restore").returncode == 0
-    assert set(files) <= set(_git(repo, "ls-files").stdout.split())
+    assert set(files) <= set(git(repo, "ls-files").stdout.split())
