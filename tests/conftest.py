@@ -38,6 +38,17 @@ def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
     return subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=check)
 
 
+def committed_repo(repo: Path, files: dict[str, str]) -> Path:
+    """``repo`` made a git repository holding ``files`` (path -> text) and what it held already, committed."""
+    for f, text in files.items():
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        (repo / f).write_text(text)
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "tree")
+    return repo
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, git
+from tests.conftest import ROOT, committed_repo
 
 pytestmark = pytest.mark.skipif(
     shutil.which("git") is None or shutil.which("setsid") is None, reason="needs git and setsid"
@@ -36,14 +36,8 @@ Path(outdir, "data", "built.parquet").write_text("prompts built by the run")
 @pytest.fixture
 def host(tmp_path: Path) -> dict[str, Path]:
     """A sent tree (two configs, a committed result), the carry, Snakemake's install dir and $OUT."""
-    repo = tmp_path / "repo"
-    for f, text in {"Snakefile": "", "config/a.yaml": "outdir: results/a\n", "config/b.yaml": "outdir: results/b\n",
-                    "results/a/done.parquet": "committed"}.items():  # fmt: skip
-        (repo / f).parent.mkdir(parents=True, exist_ok=True)
-        (repo / f).write_text(text)
-    git(repo, "init", "-q")
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "tree")
+    repo = committed_repo(tmp_path / "repo", {"Snakefile": "", "config/a.yaml": "outdir: results/a\n",
+                          "config/b.yaml": "outdir: results/b\n", "results/a/done.parquet": "committed"})  # fmt: skip
     carry = tmp_path / "carry"
     (carry / "extra").mkdir(parents=True)
     (carry / "extra/prompts-in8-n4.parquet").write_text("prompts")

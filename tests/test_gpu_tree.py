@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, git
+from tests.conftest import ROOT, committed_repo, git
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -26,13 +26,7 @@ def _repo(tmp_path: Path, files: list[str]) -> Path:
     (repo / "bench").mkdir(parents=True)
     shutil.copy(ROOT / "bench/gpu_tree.sh", repo / "bench/gpu_tree.sh")
     shutil.copytree(ROOT / "config", repo / "config", ignore=shutil.ignore_patterns("models", "schemas"))
-    for f in files:
-        (repo / f).parent.mkdir(parents=True, exist_ok=True)
-        (repo / f).write_text(f)
-    git(repo, "init", "-q")
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "all")
-    return repo
+    return committed_repo(repo, {f: f for f in files})
 
 
 def test_slim_leaves_out_what_no_gpu_job_reads_and_restore_puts_it_back(tmp_path: Path) -> None:
