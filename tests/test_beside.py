@@ -126,6 +126,17 @@ def test_the_caption_says_which_points_ran_beside_other_jobs() -> None:
             "opt1.3b tp1 on GPU 1\n") in text  # fmt: skip
     alone = [{**run("opt125m", b), "n_repeats": 3, "n_beside": 0, "beside": ""} for b in (1, 8)]
     assert "Measured while other GPU jobs" not in figures.throughput_latency(frame(alone))[1]
+    assert "No record of other GPU jobs" not in text  # one GPU id: nothing could have run beside it
+
+
+def test_the_caption_names_points_of_a_multi_gpu_host_that_predate_the_record() -> None:
+    """On a host of several GPUs a file without the record may have had company: the caption says so."""
+    rows = [{**run("opt125m", b), "gpu_ids": "0", "n_repeats": 3, "n_beside": None, "beside": None} for b in (1, 8)]
+    rows += [{**run("opt1.3b", b), "gpu_ids": "1", "n_repeats": 3, "n_beside": 0, "beside": ""} for b in (1, 8)]
+    _, text = figures.throughput_latency(frame(rows))
+    assert "No record of other GPU jobs beside them (measured before results recorded it): OPT-125M\n" in text
+    recorded = [{**r, "n_beside": 0, "beside": ""} for r in rows]
+    assert "No record of other GPU jobs" not in figures.throughput_latency(frame(recorded))[1]
 
 
 def test_the_calibration_table_says_when_a_point_was_not_measured_alone() -> None:

@@ -459,8 +459,12 @@ def test_points_of_two_gpu_models_are_told_apart_in_figure_1_and_its_caption() -
     assert set(data["series"]) == {f"OPT-125M · 1 GPU · {GPU}", f"OPT-125M · 2 GPU · {h200}",
                                    f"OPT-2.7B · 2 GPU · {h200}"}  # fmt: skip
     assert set(zip(data["gpus"], data["gpu_model"], strict=True)) == {(f"1 · {GPU}", GPU), (f"2 · {h200}", h200)}
-    assert f"Hardware: **mixed GPU models**, each point's in its tooltip and legend: {GPU}: OPT-125M on 1 GPU; " \
+    assert f"Hardware: **mixed GPU models**, which model ran on which: {GPU}: OPT-125M on 1 GPU; " \
            f"{h200}: OPT-125M on 2 GPUs, OPT-2.7B on 2 GPUs" in text  # fmt: skip
+    assert "Each point's GPU model is in its marker's legend entry and tooltip" in text
+    one_gpu = [run("opt125m", b) for b in (1, 8)] + [run("opt2.7b", b, gpu=h200) for b in (1, 8)]
+    _, other = figures.util_throughput(frame(one_gpu))  # a figure without a GPU encoding claims none
+    assert "which model ran on which" in other and "tooltip" not in other
     _, one = figures.throughput_latency(frame([run("opt125m", b) for b in (1, 8)]))
     assert f"Hardware: {GPU}\n" in one and "mixed" not in one
     assert "gpu_model" not in dataset(figures.throughput_latency(frame([run("opt125m", 1)]))[0]).columns

@@ -263,11 +263,25 @@ def _hardware_line(summary: pl.DataFrame) -> list[str]:
     names = model_names(summary)
     if mixed_gpus(ok):
         where = "; ".join(f"{gpu}: {what}" for gpu, what in _who(ok, "gpu_model", names))
-        lines = [f"Hardware: **mixed GPU models**, each point's in its tooltip and legend: {where}"]
+        lines = [f"Hardware: **mixed GPU models**, which model ran on which: {where}"]
     if len([ids for ids in values(ok, "gpu_ids") if ids]) > 1:
         ids = "; ".join(f"{i}: {what}" for i, what in _who(ok, "gpu_ids", names))
         lines.append(f"GPU ids (the `CUDA_VISIBLE_DEVICES` each job held): {ids}")
+        lines += _unrecorded_beside_line(ok, names)  # on a host of several GPUs a job may have had company
     return lines + _beside_line(ok, names)
+
+
+def _unrecorded_beside_line(ok: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> list[str]:
+    """The measured points whose files predate the ``beside`` record: whether other GPU jobs ran beside
+    them is not known from the results (a reader would otherwise take them as measured alone)."""
+    if "n_beside" not in ok.columns:
+        return []
+    tp = "tp" in ok.columns and len(values(ok, "tp")) > 1
+    keys = ok.filter(pl.col("n_beside").is_null()).select("model", *(["tp"] if tp else [])).unique().sort(pl.all())
+    if not keys.height:
+        return []
+    what = ", ".join(_model_on(r, names, tp) for r in keys.iter_rows(named=True))
+    return [f"No record of other GPU jobs beside them (measured before results recorded it): {what}"]
 
 
 def _beside_line(ok: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> list[str]:
@@ -813,6 +827,10 @@ def throughput_latency(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
         data, title="Throughput and latency trade-off (Figure 1)", label="batch_size", order=order,
         shape="gpus", shape_title="GPUs",
     )  # fmt: skip
+    if extra:
+        notes.append(
+            "Each point's GPU model is in its marker's legend entry and tooltip; no curve joins two GPU models."
+        )
     notes += [*point_notes(runs, TRADEOFF), *log_ci_notes(runs)]
     return chart, caption(summary, "Figure 1: throughput vs mean end-to-end latency, labels = batch size", notes)
 
