@@ -274,13 +274,10 @@ def _hardware_line(summary: pl.DataFrame) -> list[str]:
 def _unrecorded_beside_line(ok: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> list[str]:
     """The measured points whose files predate the ``beside`` record: whether other GPU jobs ran beside
     them is not known from the results (a reader would otherwise take them as measured alone)."""
-    if "n_beside" not in ok.columns:
+    unrecorded = ok.filter(pl.col("n_beside").is_null()) if "n_beside" in ok.columns else ok.clear()
+    if not unrecorded.height:
         return []
-    tp = "tp" in ok.columns and len(values(ok, "tp")) > 1
-    keys = ok.filter(pl.col("n_beside").is_null()).select("model", *(["tp"] if tp else [])).unique().sort(pl.all())
-    if not keys.height:
-        return []
-    what = ", ".join(_model_on(r, names, tp) for r in keys.iter_rows(named=True))
+    what = _models_in(unrecorded, names, _several_tp(ok))
     return [f"No record of other GPU jobs beside them (measured before results recorded it): {what}"]
 
 
@@ -314,12 +311,20 @@ def _beside_line(ok: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> li
 
 def _who(ok: pl.DataFrame, col: str, names: Mapping[str, tuple[str, float]]) -> list[tuple[str, str]]:
     """For each value of ``col``: the models (with their GPU count where the frame has several) it measured."""
-    tp = "tp" in ok.columns and len(values(ok, "tp")) > 1
-    out = []
-    for (value,), rows in ok.filter(pl.col(col).is_not_null()).sort(col).group_by(col, maintain_order=True):
-        keys = rows.select("model", *(["tp"] if tp else [])).unique().sort(pl.all())
-        out.append((str(value), ", ".join(_model_on(r, names, tp) for r in keys.iter_rows(named=True))))
-    return out
+    tp = _several_tp(ok)
+    groups = ok.filter(pl.col(col).is_not_null()).sort(col).group_by(col, maintain_order=True)
+    return [(str(value), _models_in(rows, names, tp)) for (value,), rows in groups]
+
+
+def _several_tp(ok: pl.DataFrame) -> bool:
+    """Whether the frame holds more than one GPU count (then each model is named with its count)."""
+    return "tp" in ok.columns and len(values(ok, "tp")) > 1
+
+
+def _models_in(rows: pl.DataFrame, names: Mapping[str, tuple[str, float]], tp: bool) -> str:
+    """The models of ``rows``, each once and sorted, with their GPU count when ``tp``."""
+    keys = rows.select("model", *(["tp"] if tp else [])).unique().sort(pl.all())
+    return ", ".join(_model_on(r, names, tp) for r in keys.iter_rows(named=True))
 
 
 def _model_on(row: Mapping[str, Any], names: Mapping[str, tuple[str, float]], gpus: bool) -> str:
