@@ -274,7 +274,9 @@ def _hardware_line(summary: pl.DataFrame) -> list[str]:
 def _unrecorded_beside_line(ok: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> list[str]:
     """The measured points whose files predate the ``beside`` record: whether other GPU jobs ran beside
     them is not known from the results (a reader would otherwise take them as measured alone)."""
-    unrecorded = ok.filter(pl.col("n_beside").is_null()) if "n_beside" in ok.columns else ok.clear()
+    if "n_beside" not in ok.columns:
+        return []
+    unrecorded = ok.filter(pl.col("n_beside").is_null())
     if not unrecorded.height:
         return []
     what = _models_in(unrecorded, names, _several_tp(ok))
