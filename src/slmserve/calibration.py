@@ -1,14 +1,15 @@
 """The calibration point of every machine side by side: how far machines differ on the same measurement.
 
-Before its other jobs, each machine measures one point per calibration model (config ``calibration``: by
-default OPT-125M and OPT-1.3B at batch 256, 3 repeats), written as ``calibration/<machine>/<model>.requests
-.parquet`` (:mod:`slmserve.machine` names the machine). :func:`table` gives one row per such file: the
-machine, its GPU model and driver, host CPU model and cores, engine version, batch, ``n`` repeats and the
-system throughput (req/s) as mean, SD, ``cv = sd / mean`` and 95% CI (:func:`slmserve.stats.describe` over
-the repeats of :func:`slmserve.analysis.summarize_repeats`), the repeats it measured beside other GPU jobs
-of the host (``n_beside``, ``beside``: :func:`slmserve.analysis.beside_of`), and when it was measured.
-:func:`spread`: per model and GPU model, the ratio of the largest machine mean to the smallest (no claim without
-2 machines of one GPU model: an H200 beside H100s is another GPU, not a faster machine).
+As its first GPU job (rule ``calibrate``; a session may order it later), each machine measures one point per
+calibration model (config ``calibration``: by default OPT-125M and OPT-1.3B at batch 256, 3 repeats), written
+as ``calibration/<machine>/<model>.requests.parquet`` (:mod:`slmserve.machine` names the machine).
+:func:`table` gives one row per such file: the machine, its GPU model and driver, host CPU model and cores,
+engine version, batch, ``n`` repeats and the system throughput (req/s) as mean, SD, ``cv = sd / mean`` and 95%
+CI (:func:`slmserve.stats.describe` over the repeats of :func:`slmserve.analysis.summarize_repeats`), the
+repeats it measured beside other GPU jobs of the host (``n_beside``, ``beside``:
+:func:`slmserve.analysis.beside_of`), and when it was measured. :func:`spread`: per model and GPU model, the
+ratio of the largest machine mean to the smallest (no claim without 2 machines of one GPU model: an H200
+beside H100s is another GPU, not a faster machine).
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def to_markdown(frame: pl.DataFrame) -> str:
     sp = spread(frame)
     notes = [
         "",
-        "One calibration point per machine, measured before its other jobs (config `calibration`; "
-        "slmserve.calibration). CI: Student's t over the repeats.",
+        "One calibration point per machine (config `calibration`; slmserve.calibration), planned as its first "
+        "GPU job (rule `calibrate`); the csv's `created` says when it ran. CI: Student's t over the repeats.",
     ]
     notes += [f"- {r['model']} on {r['gpu_model']}: {r['machines']} machines, {_fmt(r['lowest'])} to "
               f"{_fmt(r['highest'])} req/s (highest / lowest {r['ratio']:.3f})"
