@@ -4,6 +4,7 @@ failures, infeasible memory shares, health waiting and the process-group stop.""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import sys
@@ -27,7 +28,10 @@ STAND_IN = textwrap.dedent(
     args = sys.argv[1:]
     port = int(args[args.index("--port") + 1])
     mode = os.environ["STAND_IN_MODE"]
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    # the child reports the environment it inherited (vLLM's workers are where NCCL reads it)
+    report = ("import json, os, sys, time; keys = ('NCCL_NVLS_ENABLE', 'TORCH_SYMM_MEM_DISABLE_MULTICAST'); "
+              "open(sys.argv[1], 'w').write(json.dumps({k: os.environ.get(k) for k in keys})); time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", report, os.environ["STAND_IN_PIDS"] + ".env"])
     open(os.environ["STAND_IN_PIDS"], "w").write(f"{os.getpid()} {child.pid}")
     if mode == "exit":
         print("RuntimeError: Engine core initialization failed", flush=True); sys.exit(3)
@@ -131,6 +135,26 @@ def test_serves_and_reads_kv_capacity_then_stops_whole_group(stand_in) -> None:
     assert gone(leader) and gone(child)
     # the port reservation is released and its lock file deleted: none piles up per server start
     assert not list(Path(os.environ["SLMSERVE_LOCK_DIR"]).glob("port-*.lock")), port
+
+
+@pytest.mark.parametrize("host", [None, "0"])
+def test_nvlink_multicast_stays_off_in_the_server_and_the_processes_it_starts(
+    stand_in, monkeypatch: pytest.MonkeyPatch, host: str | None
+) -> None:
+    """NCCL_NVLS_ENABLE=0 (and torch's multicast off) reach the engine's processes whether or not the host's
+    environment sets it: NVLink multicast can take a shared host's GPUs out of service."""
+    for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):
+        monkeypatch.delenv(key, raising=False)
+    if host is not None:
+        monkeypatch.setenv("NCCL_NVLS_ENABLE", host)
+    spec, pids = stand_in("serve")
+    report = Path(f"{pids}.env")
+    with VllmServer(spec):
+        deadline = time.monotonic() + 30
+        while not (report.exists() and report.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen = json.loads(report.read_text())
+    assert seen == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
 def test_exit_before_healthy_fails_at_once_with_log_tail(stand_in) -> None:
