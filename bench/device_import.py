@@ -30,12 +30,12 @@ MARKER_SUFFIXES = (".measuring", ".tmp")  # a job's "running" marker, a write in
 
 @dataclass
 class Imported:
-    """What :func:`import_archive` did, as paths relative to the checkout."""
+    """What :func:`import_archive` did: tree paths relative to the checkout, and the log files it wrote."""
 
     results: list[str] = field(default_factory=list)  # measured files copied into the tree
     saved: list[str] = field(default_factory=list)  # saved repeats copied, for the next machine
     discarded: list[str] = field(default_factory=list)  # points whose saved repeats went: their result came
-    logs: list[str] = field(default_factory=list)  # files written under bench/results/<name>/
+    logs: list[str] = field(default_factory=list)  # the files written in the logs folder
 
 
 def is_server_log(rel: str) -> bool:
