@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from slmserve import journal
-from slmserve.io import atomic_write_text
+from slmserve.io import atomic_write_bytes, atomic_write_text
 
 SNAKEMAKE_LOG = "snakemake.log"
 NOT_RESULTS = (SNAKEMAKE_LOG, ".started")  # the archive's own files beside the outdirs and logs/
@@ -50,13 +50,6 @@ def job_logs(root: Path) -> str:
     return "".join(f"== {rel}\n{(root / rel).read_text()}" for rel in rels if not is_server_log(rel))
 
 
-def _copy(src: Path, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".import-tmp")
-    shutil.copyfile(src, tmp)
-    tmp.replace(dest)  # a copy cut short never stands where a result should
-
-
 def import_archive(archive: Path, repo: Path, logs_dir: Path, fresh: Sequence[str] = ()) -> Imported:
     """Merge ``archive`` into the checkout ``repo`` and write its logs to ``logs_dir``, after removing the
     ``fresh`` paths (relative to ``repo``) from it (module docstring).
@@ -82,20 +75,16 @@ def import_archive(archive: Path, repo: Path, logs_dir: Path, fresh: Sequence[st
         results = [f for f in files if f not in NOT_RESULTS and not f.startswith("logs/")
                    and not f.endswith(MARKER_SUFFIXES)]  # fmt: skip
         for rel in results:
-            _copy(root / rel, repo / rel)
-            parts = rel.split("/")
-            if journal.DIR in parts:
+            atomic_write_bytes(repo / rel, (root / rel).read_bytes())  # a copy cut short never looks like a result
+            if journal.DIR in rel.split("/"):
                 done.saved.append(rel)
                 continue
             done.results.append(rel)
             point = repo / rel
-            if (point.parent / journal.DIR).is_dir() and not rel.endswith(".telemetry.parquet"):
-                before = set((point.parent / journal.DIR).rglob("*"))
-                journal.discard_saved((point, point))
-                if set((point.parent / journal.DIR).rglob("*")) != before:
-                    done.discarded.append(rel)
+            if not rel.endswith(".telemetry.parquet") and journal.discard_saved((point, point)):
+                done.discarded.append(rel)
         logs_dir.mkdir(parents=True)
-        _copy(root / SNAKEMAKE_LOG, logs_dir / SNAKEMAKE_LOG)
+        atomic_write_bytes(logs_dir / SNAKEMAKE_LOG, (root / SNAKEMAKE_LOG).read_bytes())
         atomic_write_text(logs_dir / "jobs.log", job_logs(root) if (root / "logs").is_dir() else "")
         done.logs = [str(logs_dir / SNAKEMAKE_LOG), str(logs_dir / "jobs.log")]
     return done

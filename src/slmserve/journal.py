@@ -163,11 +163,13 @@ def has_saved(paths: tuple[Path, Path], run: Mapping[str, Any]) -> bool:
         return False
 
 
-def discard_saved(paths: tuple[Path, Path]) -> None:
+def discard_saved(paths: tuple[Path, Path]) -> list[Path]:
     """Delete the saved repeats of the point ``paths``, and ``.partial/`` once empty: its result is written
-    (measured, or recorded as infeasible or unsupported)."""
-    for p in _saved(paths):
+    (measured, or recorded as infeasible or unsupported). Returns the files deleted."""
+    saved = _saved(paths)
+    for p in saved:
         p.unlink(missing_ok=True)
     where = paths[0].parent / DIR
     if where.is_dir() and not any(where.iterdir()):
         where.rmdir()
+    return saved
