@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from snakemake.utils import validate
+from snakemake.utils import update_config, validate
 
 from slmserve.config import ConfigError, check, model_workload, parse_rate, rate_label
 from slmserve.layout import EXPERIMENTS, FIGURES
@@ -309,6 +309,32 @@ def test_dry_run_quick_profile(tmp_path: Path) -> None:
     assert "figure_families" not in counts and "figure_output_lengths" not in counts
     assert counts["advisor"] == 1  # the batching advisor of the sweep, from the Table 1 probes
     assert counts["total"] == 40
+
+
+def test_one_model_quick_profile_is_the_quick_profiles_opt13b_jobs(tmp_path: Path) -> None:
+    """config/quick-opt1.3b.yaml claims the GPU time of the quick profile's OPT-1.3B jobs: it must measure them
+    with the same settings (all but the model lists, names and folders) and plan exactly those 6 GPU jobs."""
+    one, quick = (yaml.safe_load((ROOT / "config/config.yaml").read_text()) for _ in range(2))
+    for c, name in ((one, "quick-opt1.3b"), (quick, "quick")):
+        update_config(c, yaml.safe_load((ROOT / f"config/{name}.yaml").read_text()))  # as --configfile does
+        validate(c, SCHEMA)
+        check(c, ROOT)
+    ex_one, ex_quick = one.pop("experiments"), quick.pop("experiments")
+    for key in ("profile", "outdir", "figdir", "calibration"):
+        one.pop(key), quick.pop(key)
+    assert one == quick  # workload, engine, telemetry, models
+    for name in ("table1", "sweep", "replication"):
+        ex_quick[name]["models"] = ["opt1.3b"]
+    ex_quick["replication"]["advisor_plan"]["variants"] = []
+    assert ex_one == ex_quick
+
+    out = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", "config/quick-opt1.3b.yaml",
+                    "--config", f"outdir={tmp_path}/results", f"figdir={tmp_path}/figs")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = _job_counts(out.stdout)
+    assert (counts["kv_probe"], counts["sweep"], counts["replication"]) == (2, 1, 3)
+    assert "replication_plan" not in counts and "calibration" not in counts
+    assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 10
 
 
 def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -> None:
