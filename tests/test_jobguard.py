@@ -4,7 +4,9 @@ The "Snakemake" parent and the server are stand-ins (named as such); the real en
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -64,7 +66,7 @@ def _alive(pid: int) -> bool:
 def test_a_job_orphaned_by_kill_9_of_snakemake_stops_with_its_server(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
     target = tmp_path / "bs1.requests.parquet"
-    fake = tmp_path / "fake_snakemake.py"
+    fake = tmp_path / "snakemake"  # run as `python .../snakemake`, as its console script runs
     fake.write_text(FAKE_SNAKEMAKE)
     parent = subprocess.Popen([sys.executable, str(fake), *_job_argv(tmp_path, target)], env=os.environ)
     try:
@@ -82,6 +84,44 @@ def test_a_job_orphaned_by_kill_9_of_snakemake_stops_with_its_server(tmp_path: P
     finally:
         for proc in psutil.Process().children(recursive=True):
             proc.kill()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["/venv/bin/python", "/venv/bin/snakemake", "all", "--cores", "4"], True),
+        (["snakemake", "all"], True),
+        (["python3", "-u", "-m", "snakemake", "--configfile", "c.yaml"], True),
+        (["bash", "-c", "python3 -m snakemake --cores 4; tail -5 /tmp/wf/snakemake.log"], False),
+        (["/bin/bash", "-c", "set -euo pipefail; python3 /wf/.snakemake/scripts/tmp1.kv_probe.py"], False),
+        (["python3", "/wf/.snakemake/scripts/tmp1.kv_probe.py"], False),
+        (["python3", "fake_snakemake.py"], False),
+    ],
+)
+def test_only_snakemake_itself_counts_as_snakemake(argv: list[str], expected: bool) -> None:
+    assert jobguard.is_snakemake(argv) is expected
+
+
+def test_a_job_outlives_a_shell_that_mentions_snakemake_while_snakemake_lives(tmp_path: Path) -> None:
+    """2026-11-28: a KV-cache probe was stopped when the device call's shell ended, because that shell's
+    script read snakemake.log; Snakemake itself, started by that shell, was still running."""
+    target, pid_file = tmp_path / "bs1.requests.parquet", tmp_path / "smk.pid"
+    fake = tmp_path / "snakemake"
+    fake.write_text(FAKE_SNAKEMAKE)
+    job = ("import sys, time; from slmserve.jobguard import guard\n"
+           f"with guard([sys.argv[1]], 'probe'):\n    time.sleep(3 * {jobguard.WATCH_S} + 2)\n"
+           "    open(sys.argv[1], 'w').write('done')")  # fmt: skip
+    smk = shlex.join([sys.executable, str(fake), sys.executable, "-c", job, str(target)])
+    script = f"{smk} & echo $! > {pid_file}; sleep 1; tail -1 {tmp_path}/snakemake.log"
+    try:
+        subprocess.run(["bash", "-c", script], stderr=subprocess.DEVNULL, timeout=30, check=False)
+        assert _alive(int(pid_file.read_text()))  # the shell has ended, Snakemake lives on
+        assert _wait(target.exists, 30), "the job stopped when a shell mentioning snakemake.log exited"
+    finally:
+        for proc in psutil.Process().children(recursive=True):
+            proc.kill()
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def test_a_second_job_refuses_a_target_a_live_job_measures(tmp_path: Path) -> None:

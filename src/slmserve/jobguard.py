@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import itertools
 import json
 import os
 import signal
@@ -37,6 +38,16 @@ class TargetBusyError(RuntimeError):
     """Another live job holds the measuring lock of these targets."""
 
 
+def is_snakemake(argv: Sequence[str]) -> bool:
+    """Whether a command line runs Snakemake itself: its console script (``snakemake ...``, or ``python
+    .../snakemake ...``) or ``python -m snakemake``. Only the program counts: a shell whose script merely
+    mentions Snakemake (``bash -c "...; tail snakemake.log"``, a job's ``.snakemake/scripts`` wrapper) does
+    not, since its exit while Snakemake lives would stop a healthy job (2026-11-28, a KV-cache probe)."""
+    if any(os.path.basename(arg) == "snakemake" for arg in argv[:2]):
+        return True
+    return any(flag == "-m" and module.split(".")[0] == "snakemake" for flag, module in itertools.pairwise(argv))
+
+
 def _ancestors() -> list[psutil.Process]:
     """The processes to watch: every Snakemake process above this one."""
     try:
@@ -46,7 +57,7 @@ def _ancestors() -> list[psutil.Process]:
     smk = []
     for proc in parents:
         with contextlib.suppress(psutil.Error):
-            if any("snakemake" in part for part in proc.cmdline()):
+            if is_snakemake(proc.cmdline()):
                 smk.append(proc)
     return smk
 
