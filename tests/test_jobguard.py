@@ -92,6 +92,13 @@ def test_a_job_orphaned_by_kill_9_of_snakemake_stops_with_its_server(tmp_path: P
         (["/venv/bin/python", "/venv/bin/snakemake", "all", "--cores", "4"], True),
         (["snakemake", "all"], True),
         (["python3", "-u", "-m", "snakemake", "--configfile", "c.yaml"], True),
+        (["python3.12", "-um", "snakemake"], True),
+        (["/usr/bin/python3", "-sP", "/usr/bin/snakemake", "all"], True),  # a distribution's shebang options
+        (["python", "-X", "dev", "-W", "error", "/venv/bin/snakemake"], True),
+        (["python", "-m", "snakemake.cli"], True),
+        (["python", "-m", "pytest", "tests/snakemake"], False),
+        (["python", "-c", "import snakemake", "snakemake"], False),
+        (["cat", "snakemake"], False),
         (["bash", "-c", "python3 -m snakemake --cores 4; tail -5 /tmp/wf/snakemake.log"], False),
         (["/bin/bash", "-c", "set -euo pipefail; python3 /wf/.snakemake/scripts/tmp1.kv_probe.py"], False),
         (["python3", "/wf/.snakemake/scripts/tmp1.kv_probe.py"], False),
@@ -108,14 +115,16 @@ def test_a_job_outlives_a_shell_that_mentions_snakemake_while_snakemake_lives(tm
     target, pid_file = tmp_path / "bs1.requests.parquet", tmp_path / "smk.pid"
     fake = tmp_path / "snakemake"
     fake.write_text(FAKE_SNAKEMAKE)
-    job = ("import sys, time; from slmserve.jobguard import guard\n"
-           f"with guard([sys.argv[1]], 'probe'):\n    time.sleep(3 * {jobguard.WATCH_S} + 2)\n"
-           "    open(sys.argv[1], 'w').write('done')")  # fmt: skip
-    smk = shlex.join([sys.executable, str(fake), sys.executable, "-c", job, str(target)])
-    script = f"{smk} & echo $! > {pid_file}; sleep 1; tail -1 {tmp_path}/snakemake.log"
+    guarded = tmp_path / "guarded"  # the job has taken its ancestors: the shell may end now
+    job = ("import sys, time; from pathlib import Path; from slmserve.jobguard import guard\n"
+           "with guard([sys.argv[1]], 'probe'):\n    Path(sys.argv[2]).touch()\n"
+           f"    time.sleep(3 * {jobguard.WATCH_S} + 2)\n    open(sys.argv[1], 'w').write('done')")  # fmt: skip
+    smk = shlex.join([sys.executable, str(fake), sys.executable, "-c", job, str(target), str(guarded)])
+    script = (f"{smk} & echo $! > {pid_file}; for _ in $(seq 600); do [ -e {guarded} ] && break; sleep 0.05; done; "
+              f"tail -1 {tmp_path}/snakemake.log")  # fmt: skip
     try:
-        subprocess.run(["bash", "-c", script], stderr=subprocess.DEVNULL, timeout=30, check=False)
-        assert _alive(int(pid_file.read_text()))  # the shell has ended, Snakemake lives on
+        subprocess.run(["bash", "-c", script], stderr=subprocess.DEVNULL, timeout=60, check=False)
+        assert guarded.exists() and _alive(int(pid_file.read_text()))  # the shell has ended, Snakemake lives on
         assert _wait(target.exists, 30), "the job stopped when a shell mentioning snakemake.log exited"
     finally:
         for proc in psutil.Process().children(recursive=True):

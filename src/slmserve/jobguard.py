@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
-import itertools
 import json
 import os
 import signal
@@ -39,13 +38,33 @@ class TargetBusyError(RuntimeError):
 
 
 def is_snakemake(argv: Sequence[str]) -> bool:
-    """Whether a command line runs Snakemake itself: its console script (``snakemake ...``, or ``python
-    .../snakemake ...``) or ``python -m snakemake``. Only the program counts: a shell whose script merely
-    mentions Snakemake (``bash -c "...; tail snakemake.log"``, a job's ``.snakemake/scripts`` wrapper) does
-    not, since its exit while Snakemake lives would stop a healthy job (2026-11-28, a KV-cache probe)."""
-    if any(os.path.basename(arg) == "snakemake" for arg in argv[:2]):
+    """Whether a command line runs Snakemake itself: its console script (``snakemake ...``), or a Python
+    interpreter running that script or ``-m snakemake`` (past interpreter options such as ``-u``, ``-sP`` or
+    ``-X dev``). Only the program counts: a shell whose script merely mentions Snakemake (``bash -c "...; tail
+    snakemake.log"``, a job's ``.snakemake/scripts`` wrapper) does not, since its exit while Snakemake lives
+    would stop a healthy job (2026-11-28, a KV-cache probe)."""
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) == "snakemake":
         return True
-    return any(flag == "-m" and module.split(".")[0] == "snakemake" for flag, module in itertools.pairwise(argv))
+    if not os.path.basename(argv[0]).startswith(("python", "pypy")):
+        return False
+    args = iter(argv[1:])
+    for arg in args:  # Python's own options, as its command line parses them, up to the program it runs
+        if arg.startswith("--") or arg == "-":
+            continue
+        if not arg.startswith("-"):
+            return os.path.basename(arg) == "snakemake"  # the script it runs
+        for i, flag in enumerate(arg[1:], start=1):
+            if flag == "m":
+                return (arg[i + 1 :] or next(args, "")).split(".")[0] == "snakemake"
+            if flag == "c":
+                return False
+            if flag in "WX":  # their value is the rest of this argument or the next one
+                if i == len(arg) - 1:
+                    next(args, None)
+                break
+    return False
 
 
 def _ancestors() -> list[psutil.Process]:
