@@ -7,10 +7,12 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import sys
 import textwrap
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,8 @@ STAND_IN = textwrap.dedent(
         sys.exit(1)
     if mode == "hang":
         time.sleep(600)
+    if mode == "serve-ignoring-term":  # a server whose shutdown hangs
+        import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if mode == "hang-ignoring-term":  # a start still importing, which does not handle SIGTERM yet
         import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("starting", flush=True); time.sleep(600)
@@ -137,7 +141,7 @@ def test_serves_and_reads_kv_capacity_then_stops_whole_group(stand_in) -> None:
     assert not list(Path(os.environ["SLMSERVE_LOCK_DIR"]).glob("port-*.lock")), port
 
 
-@pytest.mark.parametrize("host", [None, "0"])
+@pytest.mark.parametrize("host", [None, "0", "1"])
 def test_nvlink_multicast_stays_off_in_the_server_and_the_processes_it_starts(
     stand_in, monkeypatch: pytest.MonkeyPatch, host: str | None
 ) -> None:
@@ -398,6 +402,38 @@ def test_scheduler_class_is_named_on_the_command_line() -> None:
     assert argv[argv.index("--scheduler-cls") + 1] == "slmserve.vllm_scheduler.AsyncBatchCapScheduler"
     assert "--scheduler-cls" not in ServerSpec(model="m", served_name="m", log_path=Path("x.log"),
                                                max_num_seqs=4, max_model_len=64).argv(1)  # fmt: skip
+
+
+def test_a_signal_during_the_grace_period_still_kills_the_server(stand_in) -> None:
+    """The first SIGTERM arrives while a normal stop waits for a server that ignores SIGTERM: the Terminated
+    it raises ends the wait, and the group is killed on the way out instead of surviving the job."""
+    spec, pids = stand_in("serve-ignoring-term")
+    server.install_signal_handlers()
+    try:
+        with pytest.raises(server.Terminated, match="SIGTERM"), VllmServer(spec):
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()  # lands in the 3 s grace period
+        deadline = time.monotonic() + 5
+        while not all(gone(p) for p in pids_of(pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(gone(p) for p in pids_of(pids))
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_health_checks_bypass_the_hosts_http_proxy(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host's http_proxy (here one that is not listening) must not carry the reads of 127.0.0.1."""
+    for key in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(key, raising=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]
+    for key in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(key, f"http://127.0.0.1:{dead}")
+    monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's default opener reads the proxy once, as in a job
+    spec, _ = stand_in("serve", timeout=15.0)
+    with VllmServer(spec) as srv:
+        assert srv.kv_cache_tokens == 1234 * 16  # read from /metrics, past the proxy
 
 
 def test_a_second_signal_does_not_interrupt_the_cleanup(stand_in) -> None:

@@ -26,9 +26,14 @@ WAITING = "vllm:num_requests_waiting"
 POLL_S = 1.0
 
 
+# the servers listen on 127.0.0.1: a host's http_proxy must not carry these reads (the load generator's
+# aiohttp session ignores it too)
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def fetch(base_url: str, timeout: float = 5.0) -> str:
     """The text of ``{base_url}/metrics``; empty if it cannot be read."""
-    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout) as r:
+    with contextlib.suppress(OSError, ValueError), LOOPBACK.open(f"{base_url}/metrics", timeout=timeout) as r:
         return r.read().decode()
     return ""
 

@@ -262,7 +262,7 @@ def kv_cache_tokens_from_log(log_text: str) -> int | None:
 
 def _get(url: str, timeout: float) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with enginemetrics.LOOPBACK.open(url, timeout=timeout) as resp:
             return int(resp.status), resp.read()
     except urllib.error.HTTPError as exc:
         return int(exc.code), b""
@@ -329,9 +329,9 @@ class VllmServer:
         self._log.write(f"# slmserve: {' '.join(spec.argv(self.port))}\n".encode())
         self._log.flush()
         env = {**os.environ, **spec.env}
-        # Never let NCCL use NVLink multicast (it can take a shared host's GPUs out of service).
-        env.setdefault("NCCL_NVLS_ENABLE", "0")
-        env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        # Never let NCCL use NVLink multicast (it can take a shared host's GPUs out of service), whatever the host sets.
+        env["NCCL_NVLS_ENABLE"] = "0"
+        env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         self.launched_at = time.monotonic()
         self.proc = subprocess.Popen(
@@ -398,15 +398,17 @@ class VllmServer:
     def stop(self) -> None:
         """Stop the server's whole process group (SIGTERM, then SIGKILL) and wait for it."""
         proc, self.proc = self.proc, None
-        if proc is not None:
-            started = self.startup_s is not None
-            _kill_group(proc, self.spec.stop_timeout_s if started else self.spec.stop_timeout_starting_s)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._port_fd is not None and self.port is not None:
-            release_port(self.port, self._port_fd)
-            self._port_fd = None
+        try:
+            if proc is not None:
+                started = self.startup_s is not None
+                _kill_group(proc, self.spec.stop_timeout_s if started else self.spec.stop_timeout_starting_s)
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+            if self._port_fd is not None and self.port is not None:
+                release_port(self.port, self._port_fd)
+                self._port_fd = None
 
     def info(self) -> dict[str, Any]:
         return {
@@ -432,13 +434,19 @@ def _group_alive(pgid: int) -> bool:
 
 def _kill_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     pgid = proc.pid  # start_new_session: the group id is the leader's pid
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+    try:
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.2)
+                if proc.poll() is not None and not _group_alive(pgid):
+                    return
+        proc.wait()
+    except BaseException:
+        # a signal's Terminated can cut the grace period short: the group must not outlive it
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.2)
-            if proc.poll() is not None and not _group_alive(pgid):
-                return
-    proc.wait()
+            os.killpg(pgid, signal.SIGKILL)
+        raise
