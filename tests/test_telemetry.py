@@ -490,12 +490,27 @@ def test_summarize_exact_values() -> None:
 def test_summarize_single_gpu_energy_and_missing_counter() -> None:
     rows = [_gpu_row(float(t), 0, energy_mj=e, power_w=100.0) for t, e in ((1, 1000.0), (2, 2000.0), (3, 3000.0))]
     assert summarize(_frame(rows), 1.0, 3.0)["energy_j"] == pytest.approx(2.0)
-    assert summarize(_frame(rows), 1.5, 3.0)["energy_j"] == pytest.approx(1.0)
+    assert summarize(_frame(rows), 1.5, 3.0)["energy_j"] == pytest.approx(1.5)  # E(1.5) is read between ticks
     no_counter = [_gpu_row(float(t), 0, power_w=100.0, gpm_ok=False) for t in (1, 2)]
     s = summarize(_frame(no_counter), 0.0, 5.0)
     assert s["energy_j"] is None
     assert s["power_w_mean"] == pytest.approx(100.0)
     assert s["sm_active_mean"] is None and s["gpm_ok"] is False and s["nvml_ok"] is True
+
+
+def test_summarize_energy_covers_the_window_between_and_beyond_the_ticks() -> None:
+    # 100 W from counter readings at 0.05 + 0.1 k: the window [0, 2] used 200 J, not the 190 J of the
+    # readings' first-to-last difference
+    ticks = [0.05 + 0.1 * k for k in range(20)]
+    rows = [_gpu_row(t, 0, energy_mj=100_000.0 * t, power_w=100.0) for t in ticks]
+    assert summarize(_frame(rows), 0.0, 2.0)["energy_j"] == pytest.approx(200.0)
+    # the reading before the window's start counts for that edge: E(0.9) = 45 J, E(1.1) = 65 J -> E(1.02) = 57 J
+    # by interpolation, and E(1.5) = 125 J: 68 J where the readings inside the window alone give 60 J
+    step = [_gpu_row(t, 0, energy_mj=e) for t, e in ((0.9, 45e3), (1.1, 65e3), (1.3, 95e3), (1.5, 125e3))]
+    assert summarize(_frame(step), 1.02, 1.5)["energy_j"] == pytest.approx(68.0)
+    # an edge more than a reading interval beyond the readings has no energy
+    assert summarize(_frame(rows), 0.0, 2.5)["energy_j"] is None
+    assert summarize(_frame(rows), -0.2, 1.0)["energy_j"] is None
 
 
 def test_summarize_host_only_and_empty_window() -> None:
