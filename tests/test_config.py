@@ -95,6 +95,10 @@ def test_unknown_model_names_key_and_allowed_values(cfg: dict) -> None:
     with pytest.raises(ConfigError, match=r"experiments\.sweep\.models\[6\]: unknown model 'opt175b'") as info:
         check(cfg, ROOT)
     assert "opt125m" in str(info.value) and "gptj6b" in str(info.value)
+    cfg["experiments"]["sweep"]["models"].pop()
+    cfg["calibration"]["models"] = ["opt125m", "opt999"]
+    with pytest.raises(ConfigError, match=r"calibration\.models\[1\]: unknown model 'opt999'"):
+        check(cfg, ROOT)
 
 
 def test_missing_model_config_folder(cfg: dict, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from slmserve import provenance
 from slmserve.machine import machine_id
 
 
-def test_git_sha_of_a_checkout_is_its_head(tmp_path):
+def _checkout(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
@@ -15,6 +15,12 @@ def test_git_sha_of_a_checkout_is_its_head(tmp_path):
     subprocess.run([*git, "add", "f"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    return repo, head
+
+
+def test_git_sha_of_a_checkout_is_its_head(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLMSERVE_GIT_SHA", raising=False)
+    repo, head = _checkout(tmp_path)
     assert provenance.git_sha(repo) == head
     (repo / "f").write_text("2")
     assert provenance.git_sha(repo) == head + "-dirty"
@@ -26,6 +32,12 @@ def test_git_sha_of_an_exported_tree_comes_from_the_environment(tmp_path, monkey
     assert provenance.git_sha(tmp_path) is None
     monkeypatch.setenv("SLMSERVE_GIT_SHA", "0123abc")
     assert provenance.git_sha(tmp_path) == "0123abc"
+
+
+def test_the_commit_a_tree_was_sent_from_wins_over_a_stale_git_copied_with_it(tmp_path, monkeypatch):
+    repo, _ = _checkout(tmp_path)
+    monkeypatch.setenv("SLMSERVE_GIT_SHA", "0123abc")
+    assert provenance.git_sha(repo) == "0123abc"
 
 
 def test_config_hash_ignores_key_order_and_sees_values():

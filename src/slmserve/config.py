@@ -53,7 +53,8 @@ def check_schema(config: Mapping[str, Any], schema_path: str | Path) -> None:
     raise ConfigError(f"config key {key}: {error.message}{allowed} (schema: {schema_path})")
 
 
-def _experiment_models(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+def _model_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """Every ``(key, model name)`` the config refers to outside ``models``."""
     from slmserve.layout import EXPERIMENTS
 
     exps = config.get("experiments", {})
@@ -63,6 +64,8 @@ def _experiment_models(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     out = exps.get("output_lengths", {})
     if out.get("output_lens") and out.get("arrival_rates"):
         yield "experiments.output_lengths.model", out.get("model", "")
+    for i, name in enumerate((config.get("calibration") or {}).get("models", [])):
+        yield f"calibration.models[{i}]", name
 
 
 def model_workload(config: Mapping[str, Any], model: str) -> dict[str, Any]:
@@ -74,7 +77,7 @@ def check(config: Mapping[str, Any], root: Path | None = None) -> None:
     """Raise :class:`ConfigError` for what the schema cannot check. ``root`` resolves relative paths."""
     root = root or Path.cwd()
     models = config.get("models", {})
-    for key, name in _experiment_models(config):
+    for key, name in _model_names(config):
         if name not in models:
             allowed = ", ".join(sorted(models)) or "(none defined)"
             raise ConfigError(f"config key {key}: unknown model {name!r}; allowed values: {allowed}")

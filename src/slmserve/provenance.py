@@ -54,14 +54,17 @@ def kind_differences(there: Mapping[str, Any], here: Mapping[str, Any]) -> str |
 
 
 def git_sha(repo: str | os.PathLike[str] | None = None) -> str | None:
-    """The checkout's commit (``-dirty`` if tracked files changed); for a copy without ``.git`` (an
-    exported tree on a GPU host), the value of ``SLMSERVE_GIT_SHA`` if set, else None."""
+    """``SLMSERVE_GIT_SHA`` if set: the commit a tree copied to a GPU host was sent from (a ``.git`` copied
+    with it need not be current); else the checkout's commit (``-dirty`` if tracked files changed), or
+    None outside a checkout."""
+    if sha := os.environ.get("SLMSERVE_GIT_SHA"):
+        return sha
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=True
         )
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("SLMSERVE_GIT_SHA") or None
+        return None
     sha = out.stdout.strip()
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
