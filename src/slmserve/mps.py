@@ -16,6 +16,7 @@ and the replication job records the run as ``unsupported`` with that reason.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -117,7 +118,14 @@ class Daemon:
         try:
             if self.running:
                 self.running = False
-                self._control(stdin="quit\n")
+                try:
+                    self._control(stdin="quit\n")
+                except BaseException:
+                    # a signal's Terminated can cut the quit short; later signals are ignored (server.py), so
+                    # ask once more: once the pipe directory goes, nothing could reach the daemon again
+                    with contextlib.suppress(Exception):
+                        self._control(stdin="quit\n")
+                    raise
         finally:
             if self.pipe_dir is not None:
                 shutil.rmtree(self.pipe_dir, ignore_errors=True)
