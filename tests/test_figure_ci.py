@@ -81,9 +81,12 @@ def test_batch_figures_carry_the_ci_where_the_metric_has_one(sweep3: pl.DataFram
     thr = data.filter((pl.col("panel") == "Throughput") & (pl.col("model") == "OPT-125M")).sort("batch_size")
     assert thr["lo"].to_list()[:9] == pytest.approx([0.9 * v for v in thr["value"].to_list()[:9]])
     assert thr["lo"].to_list()[9] is None and data.filter(pl.col("panel") == "GPU utilisation")["lo"].is_null().all()
-    assert "error bars on throughput at the 9 points with n >= 2; GPU utilisation: no CI computed" in cap
-    _, cap = figures.sm_metrics(sweep3)
-    assert "No CI: SM activity, max SM activity, SM occupancy, max SM occupancy are not among the metrics" in cap
+    assert "error bars on throughput at the 9 points with n >= 2; GPU utilisation: means over repeats without a CI " \
+           "in this summary (summarized before analysis.CI_METRICS held it; re-summarize)." in cap  # fmt: skip
+    _, cap = figures.sm_metrics(sweep3)  # a summary made before these metrics had a CI says so
+    assert "No CI: SM activity, max SM activity, SM occupancy, max SM occupancy: means over repeats without a CI " \
+           "in this summary (summarized before analysis.CI_METRICS held them; re-summarize)." in cap  # fmt: skip
+    assert "not among the metrics with a CI" not in cap
 
 
 def test_power_bars_ci_rule_and_skipped_points(sweep3: pl.DataFrame) -> None:
@@ -91,9 +94,12 @@ def test_power_bars_ci_rule_and_skipped_points(sweep3: pl.DataFrame) -> None:
     layers = chart.to_dict()["layer"]
     assert layers[2]["encoding"]["y"]["field"] == "power_w_mean_ci_lo"
     assert dataset(chart).sort("model")["batch_size"].to_list() == [128, 512]
-    assert "the largest batch without preemptions (the no-preemption rule applied to the measured runs)" in cap
+    assert "the largest batch without preemptions (the no-preemption rule applied to the measured runs; a run " \
+           "whose count is unknown does not count as without)" in cap  # fmt: skip
     assert "Chosen: OPT-125M: batch 512, OPT-1.3B: batch 128." in cap
     assert "Skipped (larger batches with preemptions): OPT-1.3B b=256 (12 preemptions)." in cap
+    all_preempt = sweep3.filter(pl.col("model") == "opt1.3b", pl.col("batch_size") == 256)
+    assert "Chosen: OPT-1.3B: batch 256 (12 preemptions)." in figures.power(all_preempt)[1]
     with_rule = sweep3.with_columns(fits=pl.lit("admission"))
     assert "(the sweep's configured fit rule, engine.fits: admission)" in figures.power(with_rule)[1]
 
@@ -118,7 +124,8 @@ def replication() -> pl.DataFrame:
                 "input_len": 512, "output_len": 256, "n_ok": 500, "throughput_rps": system[n - 1],
                 "throughput_sum_rps": total[n - 1], "latency_mean_s": 3.0 + n, "power_w_mean": 400.0 + n,
                 "gpu_util_mean": 80.0, "energy_per_token_j": 0.01 * n, "energy_window_s": window * n,
-                "energy_samples": int(10 * window * n), "preemptions": 62.0 if (model, n) == ("opt2.7b", 3) else 0.0,
+                "energy_window_ok": window * n >= 10, "energy_samples": int(10 * window * n),
+                "preemptions": 62.0 if (model, n) == ("opt2.7b", 3) else 0.0,
             })  # fmt: skip
     return with_repeats(frame(rows), 1, ("throughput_rps", "latency_mean_s", "power_w_mean", "energy_per_token_j"))
 
@@ -136,19 +143,27 @@ def test_replication_says_which_throughput_it_plots(replication: pl.DataFrame) -
 
 def test_energy_captions_state_the_window_and_name_short_ones(replication: pl.DataFrame, sweep3) -> None:
     chart, cap = figures.energy_per_token_replicas(replication)
-    assert "Energy window per point: 2.5-60.0 s, 25-600 telemetry samples." in cap
-    assert "3 of 6 points have a window shorter than 10 s" in cap
+    assert "Energy window per point (mean over repeats): 2.5-60.0 s, 25-600 telemetry samples" in cap
+    assert "3 of 6 points have a repeat whose window is shorter than 10 s" in cap
     assert "OPT-125M ×1 (2.5 s), OPT-125M ×2 (5.0 s), OPT-125M ×3 (7.5 s)" in cap
     bars = chart.to_dict()["layer"][0]["encoding"]
-    assert bars["opacity"]["condition"]["test"] == "datum.energy_window_ok === false"
+    assert bars["opacity"]["condition"]["test"] == "datum.energy_window_ok !== true"
     assert dataset(chart).sort("model", "replicas")["energy_window_ok"].to_list() == [False] * 3 + [True] * 3
     windows = sweep3.with_columns(energy_window_s=pl.col("batch_size").cast(pl.Float64),
+                                  energy_window_ok=pl.col("batch_size") >= 10,
                                   energy_samples=pl.col("batch_size") * 10)  # fmt: skip
     chart, cap = figures.energy_per_token(windows)
     data = dataset(chart)
     assert data.filter(pl.col("batch_size") < 10)["ok"].to_list() == [False] * 8
-    assert chart.to_dict()["layer"][3]["transform"][-1] == {"filter": "datum.ok === false"}
-    assert "8 of 19 points have a window shorter than 10 s" in cap and "OPT-1.3B b=8 (8.0 s)" in cap
+    assert chart.to_dict()["layer"][3]["transform"][-1] == {"filter": "datum.ok !== true"}
+    assert "8 of 19 points have a repeat whose window is shorter than 10 s" in cap and "OPT-1.3B b=8 (8.0 s)" in cap
+    # a summary without the flag: not known to be trusted, drawn as not trusted and named
+    chart, cap = figures.energy_per_token(windows.drop("energy_window_ok"))
+    assert dataset(chart)["ok"].is_null().all()
+    assert "19 of 19 points do not record whether every repeat's window reached 10 s" in cap
+    assert "every repeat's window is at least" not in cap
+    _, cap = figures.energy_per_token(windows.with_columns(energy_window_ok=pl.lit(True)))
+    assert "every repeat's window is at least 10 s (analysis.ENERGY_MIN_WINDOW_S)." in cap
 
 
 def test_a_latency_interval_below_zero_leaves_the_log_axis_intact() -> None:

@@ -198,3 +198,10 @@ def test_a_replication_summary_names_the_gpus_its_run_held(tmp_path: Path, monke
     (row,) = replication.summarize_repeats(out)
     assert row["gpu_ids"] == "1"
     assert replication.summarize_runs([out])["gpu_ids"].to_list() == ["1"]
+
+
+def test_a_replica_without_a_preemption_count_makes_the_runs_count_unknown() -> None:
+    count = "vllm:num_preemptions_total"
+    assert replication._preemptions({"server_counters": [{count: 2.0}, {count: 3.0}]}) == 5.0
+    assert replication._preemptions({"server_counters": [{count: 2.0}, None]}) is None  # a failed /metrics read
+    assert replication._preemptions({"server_counters": [{count: 2.0}, {}]}) is None

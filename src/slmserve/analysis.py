@@ -101,8 +101,36 @@ def request_metrics(req: pl.DataFrame) -> dict[str, Any]:
     }
 
 
+# What the metadata of a sweep's or output-length point's result must hold (run.model: meta["run"]["model"]).
+RUN_KEYS = ("run.model", "run.tensor_parallel", "run.batch_size", "run.output_len", "run.input_len",
+            "run.arrival_rate", "run.batch_control")  # fmt: skip
+
+
+def require(meta: Mapping[str, Any], path: str | os.PathLike[str], keys: Iterable[str]) -> None:
+    """Raise ValueError naming ``path`` and each of ``keys`` (dotted, ``run.model``) that its metadata lacks,
+    and what to do: a file without them is a broken or foreign result, not a slmserve point."""
+    missing = [key for key in keys if not _has(meta, key)]
+    if missing:
+        raise ValueError(
+            f"{path}: the result's slmserve metadata has no {', '.join(missing)}: the file is incomplete or not a "
+            "slmserve result; re-measure the point (delete the file and rerun its rule), or remove it from results/"
+        )
+
+
+def _has(meta: Mapping[str, Any], key: str) -> bool:
+    """Whether the dotted ``key`` is in ``meta``: a run setting may be null (``run.batch_size`` of a replica),
+    a top-level key (``status``, ``run``, ``provenance``) may not."""
+    node: Any = meta
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return node is not None or "." in key
+
+
 def _run_row(meta: Mapping[str, Any], path: str, models: Mapping[str, Any] | None) -> dict[str, Any]:
     """The key and provenance columns of a point's summary rows."""
+    require(meta, path, ("provenance", *RUN_KEYS))
     run, prov = meta["run"], meta["provenance"]
     entry = (models or {}).get(run["model"], {})
     servers = [s for r in measure.repeats_of(meta) for s in r.get("servers") or [] if s] or [meta.get("server") or {}]
@@ -220,7 +248,13 @@ def repeat_rows(path: str | os.PathLike[str], base: RowFn, metrics: MetricsFn,
     ``metrics`` of that repeat's requests, metadata and telemetry; one row without metrics for a result
     that was not measured."""
     meta = io.read_meta(path)
-    row = base(meta, str(path), models)
+    require(meta, path, ["status"])
+    try:
+        row = base(meta, str(path), models)
+    except KeyError as exc:  # a row function of its own (replication's) indexes the run's settings directly
+        key = str(exc.args[0]) if exc.args else ""
+        require(meta, path, [key if key in ("run", "provenance") else f"run.{key}"])
+        raise
     if meta["status"] != "ok":
         return [row]
     req = pl.read_parquet(path)
@@ -257,20 +291,29 @@ def summarize_runs(paths: Iterable[str | os.PathLike[str]], models: Mapping[str,
 
 # Metrics reported with their spread over repeats: ``<m>`` is the mean, ``<m>_sd``, ``<m>_ci_lo`` and
 # ``<m>_ci_hi`` the sample SD and the 95% CI (:mod:`slmserve.stats`) over ``<m>_n`` values; ``n_repeats``
-# counts the repeats (more than ``<m>_n`` where a repeat has no value, e.g. no telemetry).
+# counts the repeats (more than ``<m>_n`` where a repeat has no value, e.g. no telemetry). Every metric a
+# figure plots is here.
 CI_METRICS = (
     "throughput_rps", "output_tok_s", "throughput_sum_rps", "latency_mean_s", "latency_p50_s", "latency_p99_s",
-    "ttft_mean_s", "tpot_mean_s", "power_w_mean", "energy_per_token_j", "gpu_util_mean",
+    "ttft_mean_s", "tpot_mean_s", "power_w_mean", "energy_per_token_j", "gpu_util_mean", "sm_active_mean",
+    "sm_active_max", "sm_occupancy_mean", "sm_occupancy_max", "dram_bw_mean", "dram_bw_max", "effective_batch",
 )  # fmt: skip
 _WORST_LOW = ("n_ok", "peak_inflight", "n_samples")  # per-repeat counts: the point reports the smallest
+# Known only where every repeat has it: a mean over the repeats with a value would read as the point's count.
+_EVERY_REPEAT = ("preemptions",)
 
 
 def _agg(col: str, dtype: pl.DataType) -> pl.Expr:
+    """How :func:`points` reduces the repeats' values of ``col`` (see there)."""
     c = pl.col(col)
     if col in _WORST_LOW:
         return c.min()
-    if col == "n_error" or col.endswith("_max"):
+    if col == "n_error":
         return c.max()
+    if col in _EVERY_REPEAT:
+        return pl.when(c.null_count() == 0).then(c.mean())
+    if col.endswith("_max"):  # each repeat's largest sample, averaged as every other metric
+        return c.cast(pl.Float64).mean()
     if dtype == pl.Boolean:  # a point without repeats (not measured) keeps a null flag
         return pl.when(c.count() > 0).then(c.all())
     if dtype.is_float():
@@ -280,27 +323,45 @@ def _agg(col: str, dtype: pl.DataType) -> pl.Expr:
     return c.first()
 
 
+def mean_per_position(lists: Sequence[Sequence[float | None] | None], what: str) -> list[float | None] | None:
+    """The element-wise mean of a point's per-repeat lists (``latency_mean_per_replica``: element ``i`` =
+    replica ``i``'s mean latency averaged over the repeats); null where a repeat lacks the list, an element
+    null where a repeat lacks that value. Lists of different lengths raise ValueError (``what`` names them)."""
+    if not lists or any(x is None for x in lists):
+        return None
+    sizes = sorted({len(x) for x in lists})
+    if len(sizes) > 1:
+        raise ValueError(f"{what}: the repeats hold {' and '.join(map(str, sizes))} values, one per replica is "
+                         "expected in every repeat; the result file is inconsistent, re-measure the point")  # fmt: skip
+    columns = zip(*lists, strict=True)
+    return [None if None in col else math.fsum(col) / len(col) for col in columns]
+
+
 def points(repeats: pl.DataFrame) -> pl.DataFrame:
-    """One row per point (per result file, ``path``) from its repeats' rows: each metric's mean (counts and
-    other integers: the smallest, errors the largest; flags: all true), ``n_repeats``, ``n_machines`` (how
-    many machines its repeats ran on, where they recorded it; a job resumed elsewhere gives 2), ``machines``
-    (their ids, sorted, comma-separated), for
-    :data:`CI_METRICS` the number of values, SD and 95% CI, and where repeats recorded the jobs beside them,
-    ``beside`` (every such job once) and ``n_beside`` (the repeats that had one)."""
+    """One row per point (per result file, ``path``) from its repeats' rows: each metric's mean over repeats
+    (a ``<m>_max`` too: the mean of each repeat's largest sample, not the largest of all repeats; counts and
+    other integers: the smallest, errors the largest; flags: all true; ``preemptions``: the mean, null where
+    a repeat has no count, e.g. a failed /metrics read; a list, as ``latency_mean_per_replica``: the
+    element-wise mean, :func:`mean_per_position`), ``n_repeats``, ``n_machines`` (how many machines its
+    repeats ran on, where they recorded it; a job resumed elsewhere gives 2), ``machines`` (their ids,
+    sorted, comma-separated), for :data:`CI_METRICS` the number of values, SD and 95% CI, and where repeats
+    recorded the jobs beside them, ``beside`` (every such job once) and ``n_beside`` (the repeats that had
+    one)."""
     if "repeat" not in repeats.columns:
         repeats = repeats.with_columns(repeat=pl.lit(None, pl.Int64))
     if "machine" not in repeats.columns:
         repeats = repeats.with_columns(machine=pl.lit(None, pl.String))
     machines = pl.col("machine").drop_nulls()
-    own = ("path", "repeat", "machine", "beside")
+    lists = {c: t for c, t in repeats.schema.items() if isinstance(t, pl.List)}
+    own = ("path", "repeat", "machine", "beside", *lists)
     aggs = [_agg(c, t).alias(c) for c, t in repeats.schema.items() if c not in own]
     out = repeats.group_by("path", maintain_order=True).agg(
         *aggs, n_repeats=pl.col("repeat").count(),
         n_machines=pl.when(machines.count() > 0).then(machines.n_unique()),
         machines=pl.when(machines.count() > 0).then(machines.unique().sort().str.join(", ")),
     )  # fmt: skip
-    spread = []
-    for _, group in repeats.group_by("path", maintain_order=True):
+    spread, per_position = [], {c: [] for c in lists}
+    for (path,), group in repeats.group_by("path", maintain_order=True):
         row: dict[str, Any] = {}
         for m in CI_METRICS:
             if m in group.columns:
@@ -308,7 +369,10 @@ def points(repeats: pl.DataFrame) -> pl.DataFrame:
                 row.update({f"{m}_n": d["n"], f"{m}_sd": d["sd"], f"{m}_ci_lo": d["ci_lo"], f"{m}_ci_hi": d["ci_hi"]})
         if "beside" in group.columns:
             row.update(beside_of(group["beside"].to_list()))
+        for c in lists:
+            per_position[c].append(mean_per_position(group[c].to_list(), f"{path}: {c}"))
         spread.append(row)
+    out = out.with_columns(pl.Series(c, per_position[c], dtype=t) for c, t in lists.items())
     extra = pl.DataFrame(spread, infer_schema_length=None)
     extra = extra.with_columns(pl.col(c).cast(t) for c, t in (("beside", pl.String), ("n_beside", pl.Int64))
                                if c in extra.columns)  # fmt: skip

@@ -146,15 +146,22 @@ def main_workload(runs: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     return runs, [f"Only the {what} are plotted; {n - runs.height} runs of other workloads are left out."]
 
 
+def _no_preemption() -> pl.Expr:
+    """True where a run's preemption count is known to be 0; false where vLLM preempted or the count is unknown
+    (null: a repeat's /metrics read failed, :func:`slmserve.analysis.points`)."""
+    return (pl.col("preemptions") == 0).fill_null(False)
+
+
 def _largest_batch(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
-    """Per group of ``by``: the run with the largest batch, preferring runs without preemptions."""
-    preempted = pl.col("preemptions").fill_null(0) > 0 if "preemptions" in runs.columns else pl.lit(False)
+    """Per group of ``by``: the run with the largest batch among those known to run without preemptions
+    (:func:`_no_preemption`); a group with none of those gets its largest batch."""
+    clean = _no_preemption() if "preemptions" in runs.columns else pl.lit(False)
     return (
-        runs.with_columns(_preempted=preempted)
-        .sort(["_preempted", "batch_size"], descending=[False, True])
+        runs.with_columns(_clean=clean)
+        .sort(["_clean", "batch_size"], descending=[True, True])
         .group_by(list(by), maintain_order=True)
         .first()
-        .drop("_preempted")
+        .drop("_clean")
     )
 
 
@@ -542,14 +549,12 @@ def _points_machines_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]]
 
 def _ci_note(runs: pl.DataFrame, metrics: Sequence[str], name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
     """Which plotted metrics carry a 95% CI, at how many points, and the method."""
-    names = [METRIC_NAMES.get(m, m) for m in metrics]
     have = [m for m in metrics if m in CI_METRICS and f"{m}_ci_lo" in runs.columns]
     if not have:
-        return f"No CI: {', '.join(names)} {'is' if len(names) == 1 else 'are'} not among the metrics with a CI " \
-            "(analysis.CI_METRICS); points are means over repeats."  # fmt: skip
+        return f"No CI: {'; '.join(_without_ci(runs, metrics))}."
     with_ci = runs.filter(pl.any_horizontal(pl.col(f"{m}_ci_lo").is_not_null() for m in have)).height
-    without = [METRIC_NAMES.get(m, m) for m in metrics if m not in have]
-    rest = f"; {', '.join(without)}: no CI computed (means over repeats)" if without else ""
+    without = _without_ci(runs, [m for m in metrics if m not in have])
+    rest = f"; {'; '.join(without)}" if without else ""
     if not with_ci:
         return f"{CI_METHOD}: none drawn, no plotted point has n >= 2{rest}."
     unmeasured = [m for m in have if runs[f"{m}_ci_lo"].is_null().all()]  # e.g. GPU metrics on the CPU engine
@@ -559,6 +564,18 @@ def _ci_note(runs: pl.DataFrame, metrics: Sequence[str], name: Callable[[Mapping
     where = f"{'the ' * (with_ci > 1)}{_points(with_ci)}"
     fewer = _fewer_values_note(runs, have, name)
     return f"{CI_METHOD}, drawn as error bars on {drawn} at {where} with n >= 2{rest}.{fewer}"
+
+
+def _without_ci(runs: pl.DataFrame, metrics: Sequence[str]) -> list[str]:
+    """Why each of ``metrics`` carries no CI column: not a metric with a CI, or a summary made before it was one."""
+    outside = [METRIC_NAMES.get(m, m) for m in metrics if m not in CI_METRICS]
+    older = [METRIC_NAMES.get(m, m) for m in metrics if m in CI_METRICS and f"{m}_ci_lo" not in runs.columns]
+    return [
+        *([f"{', '.join(outside)}: means over repeats, not among the metrics with a CI (analysis.CI_METRICS)"]
+          if outside else []),
+        *([f"{', '.join(older)}: means over repeats without a CI in this summary (summarized before "
+           f"analysis.CI_METRICS held {'it' if len(older) == 1 else 'them'}; re-summarize)"] if older else []),
+    ]  # fmt: skip
 
 
 def _fewer_values_note(
@@ -577,15 +594,25 @@ def _fewer_values_note(
 
 
 def _preemption_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> str:
-    """The plotted points where vLLM preempted requests, with the count (mean over repeats)."""
+    """The plotted points where vLLM preempted requests, with the count (mean over repeats), and those whose
+    count is unknown (null: a repeat has none, :func:`slmserve.analysis.points`), which are not "none"."""
     if "preemptions" not in runs.columns or runs["preemptions"].is_null().all():
         return "Preemptions: not recorded in this summary."
-    hit = runs.filter(pl.col("preemptions").fill_null(0) > 0)
+    hit = runs.filter(pl.col("preemptions") > 0)
+    unknown = runs.filter(pl.col("preemptions").is_null())
+    said = ""
+    if not unknown.is_empty():
+        which = ", ".join(name(r) for r in unknown.iter_rows(named=True))
+        said = (f" Preemption count unknown (a repeat has none: its /metrics read failed) at {unknown.height} of "
+                f"{runs.height} plotted points: {which}.")  # fmt: skip
     if hit.is_empty():
-        return "Preemptions (vLLM's counter, mean over repeats): none at any plotted point."
+        known = runs.height - unknown.height
+        where = "any plotted point" if unknown.is_empty() else f"the {_points(known)} with a count"
+        return f"Preemptions (vLLM's counter, mean over repeats): none at {where}.{said}"
     # a mean over repeats (e.g. 209/3): one decimal tells apart what a count can differ by
     each = "; ".join(f"{name(r)}: {round(r['preemptions'], 1):g}" for r in hit.iter_rows(named=True))
-    return f"Preemptions (vLLM's counter, mean over repeats) at {hit.height} of {runs.height} plotted points: {each}."
+    return (f"Preemptions (vLLM's counter, mean over repeats) at {hit.height} of {runs.height} plotted points: "
+            f"{each}.{said}")  # fmt: skip
 
 
 def point_notes(
@@ -596,22 +623,31 @@ def point_notes(
 
 
 def _energy_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> list[str]:
-    """The energy windows of the plotted points (range of length and samples) and those too short."""
+    """The energy windows of the plotted points (range of the mean window over repeats, and of samples) and
+    the points the summary does not trust (``energy_window_ok`` false: a repeat's window shorter than
+    ENERGY_MIN_WINDOW_S) or does not say (null), as :func:`_window_ok` draws them."""
     if "energy_window_s" not in runs.columns or runs["energy_window_s"].is_null().all():
         return ["Energy window: not recorded in this summary."]
-    w, n = runs["energy_window_s"].drop_nulls(), runs["energy_samples"].drop_nulls()
-    line = f"Energy window per point: {w.min():.1f}-{w.max():.1f} s" + (
-        f", {n.min()}-{n.max()} telemetry samples" if n.len() else ""
+    w = runs["energy_window_s"].drop_nulls()
+    n = runs["energy_samples"].drop_nulls() if "energy_samples" in runs.columns else pl.Series([], dtype=pl.Int64)
+    line = f"Energy window per point (mean over repeats): {w.min():.1f}-{w.max():.1f} s" + (
+        f", {n.min()}-{n.max()} telemetry samples (a point's fewest over repeats)" if n.len() else ""
     )
-    short = runs.filter(pl.col("energy_window_s") < ENERGY_MIN_WINDOW_S)
-    if short.is_empty():
-        return [f"{line}; every window is at least {ENERGY_MIN_WINDOW_S:g} s (analysis.ENERGY_MIN_WINDOW_S)."]
-    which = ", ".join(f"{name(r)} ({r['energy_window_s']:.1f} s)" for r in short.iter_rows(named=True))
-    return [
-        f"{line}.",
-        f"{short.height} of {runs.height} points have a window shorter than {ENERGY_MIN_WINDOW_S:g} s "
-        f"(analysis.ENERGY_MIN_WINDOW_S), too short for a trusted energy figure; drawn hollow/faded: {which}.",
-    ]
+    flag = runs["energy_window_ok"] if "energy_window_ok" in runs.columns else pl.Series([None] * runs.height)
+    short, unknown = runs.filter(flag.cast(pl.Boolean).not_()), runs.filter(flag.is_null())
+    limit = f"{ENERGY_MIN_WINDOW_S:g} s (analysis.ENERGY_MIN_WINDOW_S)"
+    if short.is_empty() and unknown.is_empty():
+        return [f"{line}; every repeat's window is at least {limit}."]
+    notes = [f"{line}."]
+    if not short.is_empty():
+        which = ", ".join(f"{name(r)} ({r['energy_window_s']:.1f} s)" for r in short.iter_rows(named=True))
+        notes.append(f"{short.height} of {runs.height} points have a repeat whose window is shorter than {limit}, "
+                     f"too short for a trusted energy figure; drawn hollow/faded (mean window): {which}.")  # fmt: skip
+    if not unknown.is_empty():
+        which = ", ".join(name(r) for r in unknown.iter_rows(named=True))
+        notes.append(f"{unknown.height} of {runs.height} points do not record whether every repeat's window reached "
+                     f"{limit} (no energy_window_ok in the summary); drawn hollow/faded: {which}.")  # fmt: skip
+    return notes
 
 
 # --- shared chart shapes --------------------------------------------------------------------------
@@ -700,15 +736,17 @@ _LONG_SCHEMA = {"model": pl.String, "batch_size": pl.Int64, "panel": pl.String, 
 
 
 def _window_ok(runs: pl.DataFrame) -> pl.Expr:
-    """False where a point's energy window is shorter than ENERGY_MIN_WINDOW_S (true where not recorded)."""
-    if "energy_window_s" not in runs.columns:
-        return pl.lit(True)
-    return (pl.col("energy_window_s").cast(pl.Float64) >= ENERGY_MIN_WINDOW_S).fill_null(True)
+    """The summary's ``energy_window_ok`` (:func:`slmserve.analysis.energy_metrics`, true only where every repeat's
+    window reached ENERGY_MIN_WINDOW_S); null where the summary does not record it. Only true is drawn as
+    trusted."""
+    if "energy_window_ok" not in runs.columns:
+        return pl.lit(None, pl.Boolean)
+    return pl.col("energy_window_ok").cast(pl.Boolean)
 
 
 def _batch_long(runs: pl.DataFrame, panels: Sequence[Panel]) -> pl.DataFrame:
     """One row per (run, panel, statistic): model, batch_size, panel, stat, value (nulls dropped), the 95% CI
-    (lo, hi; null where the point has none) and ok (false: an energy window too short to trust)."""
+    (lo, hi; null where the point has none) and ok (:func:`_window_ok` for energy, else true; hollow unless true)."""
     frames = [
         runs.with_columns(_ci_cols(runs, [col])).select(
             pl.col("model").cast(pl.String),
@@ -761,7 +799,7 @@ def _batch_lines(
         errors = base.mark_rule(strokeWidth=1.5).encode(y=alt.Y("lo:Q", title=ytitle), y2="hi:Q")
         hollow = base.mark_point(filled=True, size=12).encode(color=alt.value("white"))
         layers = [lines, points, errors.transform_filter("isValid(datum.lo)"),
-                  hollow.transform_filter("datum.ok === false")]  # fmt: skip
+                  hollow.transform_filter("datum.ok !== true")]  # fmt: skip
         if data.filter(pl.col("panel") == ptitle).is_empty():  # say so on the chart (the caption says why)
             layers.append(no_data())
         charts.append(alt.layer(*layers, title=ptitle if len(panels) > 1 else title))
@@ -785,7 +823,7 @@ def _bars(
 ) -> alt.LayerChart:
     """Bars per model (in ``order``); grouped side by side by ``group`` (a color each) when given; each bar
     labelled with ``text`` (a string column) or else its value; error bars where the data has the 95% CI of
-    ``y`` (``<y>_ci_lo``, ``<y>_ci_hi``); bars faded where ``energy_window_ok`` is false."""
+    ``y`` (``<y>_ci_lo``, ``<y>_ci_hi``); bars faded where ``energy_window_ok`` is not true (false or unknown)."""
     base = alt.Chart(data).encode(
         x=alt.X("model:N", title="Model", sort=list(order), axis=alt.Axis(labelAngle=0)),
         y=alt.Y(f"{y}:Q", title=y_title),
@@ -797,8 +835,8 @@ def _bars(
     else:
         color = color_scale(order, legend=False)
     bars = base.mark_bar().encode(color=color, tooltip=list(data.columns))
-    if "energy_window_ok" in data.columns:  # a window too short to trust: the bar is faded
-        bars = bars.encode(opacity=alt.condition("datum.energy_window_ok === false", alt.value(0.35), alt.value(1.0)))
+    if "energy_window_ok" in data.columns:  # a window too short to trust, or not known to be long enough: faded
+        bars = bars.encode(opacity=alt.condition("datum.energy_window_ok !== true", alt.value(0.35), alt.value(1.0)))
     label = alt.Text(f"{text}:N") if text else alt.Text(f"{y}:Q", format=text_format)
     labels = base.mark_text(baseline="bottom", dy=-3, fontSize=10).encode(text=label)
     layers = [bars, labels]
@@ -978,7 +1016,8 @@ def output_lengths(summary: pl.DataFrame, model: str | None = None) -> tuple[alt
     rates = runs["arrival_rate"].cast(pl.Float64).unique().sort(descending=True).to_list() if runs.height else []
     order = [_rate_label(r) for r in rates]
     data = runs.select(
-        "model", "output_len", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF),
+        "model", "output_len", "batch_size", "throughput_rps", "latency_mean_s",
+        *_ci_cols(runs, [*TRADEOFF, "effective_batch"]),
         effective_batch=_float_or_null(runs, "effective_batch"), preemptions=_float_or_null(runs, "preemptions"),
         rate=pl.col("arrival_rate").cast(pl.Float64).map_elements(_rate_label, return_dtype=pl.String),
     ).with_columns(series=pl.col("rate"))  # fmt: skip
@@ -991,7 +1030,7 @@ def output_lengths(summary: pl.DataFrame, model: str | None = None) -> tuple[alt
     )
     notes = [
         "Arrival times from a Poisson process at the given rate (inf: all requests at once), as in the paper.",
-        *_output_batch_notes(runs), *point_notes(runs, TRADEOFF, _outlen_point),
+        *_output_batch_notes(runs), *point_notes(runs, [*TRADEOFF, "effective_batch"], _outlen_point),
     ]  # fmt: skip
     what = "Figure 2 (right): throughput vs mean latency by output length (labels) and arrival rate; effective batch"
     return chart, caption(frame, what, notes)
@@ -1006,18 +1045,22 @@ def _outlen_point(row: Mapping[str, Any]) -> str:
 
 
 def _effective_batch_panel(data: pl.DataFrame, order: Sequence[str]) -> alt.LayerChart:
-    """Effective batch against output length (log2 axis), a line per arrival rate; dashed: the batch limit."""
+    """Effective batch against output length (log2 axis), a line per arrival rate, error bars its 95% CI over
+    repeats where the data has one; dashed: the batch limit."""
     lens = sorted(set(data["output_len"].to_list()))
     title = "Effective batch (mean running requests)"
     x = alt.X("output_len:Q", title="Output length (tokens)", scale=alt.Scale(type="log", base=2),
               axis=alt.Axis(values=lens, format="d") if lens else alt.Axis(format="d"))  # fmt: skip
     base = alt.Chart(data).encode(x=x, color=color_scale(order, "rate", "Arrival rate (req/s)"))
     measured = base.transform_filter("isValid(datum.effective_batch)").encode(y=alt.Y("effective_batch:Q", title=title))
+    errors = base.mark_rule(strokeWidth=1.5).encode(y=alt.Y("effective_batch_ci_lo:Q", title=title),
+                                                     y2="effective_batch_ci_hi:Q")  # fmt: skip
     layers = [
         alt.Chart(data).mark_rule(strokeDash=[4, 4], color="gray").encode(y=alt.Y("batch_size:Q", title=title)),
         measured.mark_line().encode(detail="series:N", order="output_len:Q"),
         measured.mark_point(filled=True, size=50).encode(tooltip=["rate", "output_len", "batch_size", "effective_batch",
                                                                   "preemptions"]),
+        errors.transform_filter("isValid(datum.effective_batch_ci_lo)"),
     ]  # fmt: skip
     if data["effective_batch"].is_null().all():
         layers.append(no_data())
@@ -1034,8 +1077,8 @@ def _output_batch_notes(runs: pl.DataFrame) -> list[str]:
         ]
     else:
         per = "; ".join(f"{_outlen_point(r)}: {r['batch_size']}" for r in runs.iter_rows(named=True))
-        notes = [f"Batch (--max-num-seqs) per point, the largest measured, runs without preemption preferred: "
-                 f"{per or 'none'}."]  # fmt: skip
+        notes = [f"Batch (--max-num-seqs) per point, the largest measured, runs known to be without preemption "
+                 f"preferred (an unknown count is not): {per or 'none'}."]  # fmt: skip
     if "effective_batch" not in runs.columns or runs["effective_batch"].is_null().all():
         return [*notes, "Effective batch: not recorded in this summary (right panel empty)."]
     per = "; ".join(
@@ -1044,7 +1087,7 @@ def _output_batch_notes(runs: pl.DataFrame) -> list[str]:
     )  # fmt: skip
     effective = (
         "Effective batch (right panel) = time average of vLLM's running-requests gauge (/metrics, polled at 1 Hz) "
-        f"over the run: the batch vLLM actually ran, per point: {per}."
+        f"over the run: the batch vLLM actually ran, per point (mean over repeats): {per}."
     )
     return [*notes, effective]
 
@@ -1079,7 +1122,9 @@ def sm_metrics(summary: pl.DataFrame) -> tuple[alt.TopLevelMixin, str]:
         ("SM occupancy", "SM occupancy (%)", {"mean": "sm_occupancy_mean", "max": "sm_occupancy_max"}),
     ]
     notes = [
-        "Mean and maximum over the 100 ms samples of each run's measurement window (the paper: over all time steps)."
+        "Per repeat, the mean and the maximum over the 100 ms samples of its measurement window (the paper: over all "
+        "time steps); a point is the mean over repeats of each (for max: the repeats' maxima averaged, not the "
+        "largest of them)."
     ]
     return _batch_figure(
         summary, panels, title="SM activity and occupancy on one GPU (Figure 3)",
@@ -1109,7 +1154,8 @@ def dram_bandwidth(summary: pl.DataFrame) -> tuple[alt.TopLevelMixin, str]:
         "saturates while compute is underused, rather than the shift to a compute-bound regime that the paper "
         "gives for the throughput plateau (its Section 2.3). High DRAM utilisation at the batches where "
         "throughput stops growing supports that reading.",
-        "DRAM bandwidth: NVML GPM DRAM_BW_UTIL (share of peak HBM bandwidth), mean and max over the 100 ms samples.",
+        "DRAM bandwidth: NVML GPM DRAM_BW_UTIL (share of peak HBM bandwidth), per repeat the mean and max over the "
+        "100 ms samples; a point is the mean over repeats of each (for max: the repeats' maxima averaged).",
     ]
     return _batch_figure(
         summary, panels, title="DRAM bandwidth utilisation on one GPU (beyond the paper)",
@@ -1165,22 +1211,31 @@ def _power_rule(candidates: pl.DataFrame, chosen: pl.DataFrame) -> list[str]:
         if values(candidates, "fits") else ""  # fmt: skip
     rule = (
         f"Batch rule: among the runs measured on one GPU{fits}, the largest batch without preemptions (the "
-        "no-preemption rule applied to the measured runs); a model all of whose runs preempted gets its largest "
-        "batch. The paper used the Table 1 maximum of a 40 GB A100."
+        "no-preemption rule applied to the measured runs; a run whose count is unknown does not count as without); "
+        "a model with no run known to be without preemptions gets its largest batch. The paper used the Table 1 "
+        "maximum of a 40 GB A100."
     )
     if chosen.is_empty():
         return [rule, "Chosen: none."]
     names = model_names(candidates)
     size = {name: params for name, params in names.values()}
     chosen = chosen.sort(pl.col("model").replace_strict(size, default=math.inf, return_dtype=pl.Float64))
-    chosen_at = dict(zip(chosen["model"], chosen["batch_size"], strict=True))
-    picked = ", ".join(f"{m}: batch {b}" for m, b in chosen_at.items())
-    skipped = [
-        f"{names[r['model']][0]} b={r['batch_size']} ({r['preemptions']:g} preemptions)"
-        for r in candidates.sort("model", "batch_size").iter_rows(named=True)
-        if r["batch_size"] > chosen_at.get(names[r["model"]][0], math.inf)
-    ]
-    return [rule, f"Chosen: {picked}.", f"Skipped (larger batches with preemptions): {', '.join(skipped) or 'none'}."]
+    chosen_at = {r["model"]: r for r in chosen.iter_rows(named=True)}
+    picked = ", ".join(f"{m}: batch {r['batch_size']}" + ("" if r["preemptions"] == 0 else f" ({_preemptions(r)})")
+                       for m, r in chosen_at.items())  # fmt: skip
+    larger = [
+        r for r in candidates.sort("model", "batch_size").iter_rows(named=True)
+        if names[r["model"]][0] in chosen_at and r["batch_size"] > chosen_at[names[r["model"]][0]]["batch_size"]
+    ]  # fmt: skip
+    skipped = ", ".join(f"{names[r['model']][0]} b={r['batch_size']} ({_preemptions(r)})" for r in larger)
+    unknown = any(r["preemptions"] is None for r in larger)
+    what = "with preemptions or an unknown count" if unknown else "with preemptions"
+    return [rule, f"Chosen: {picked}.", f"Skipped (larger batches {what}): {skipped or 'none'}."]
+
+
+def _preemptions(row: Mapping[str, Any]) -> str:
+    """``12 preemptions`` (the mean over repeats), or that the count is unknown."""
+    return "preemption count unknown" if row.get("preemptions") is None else f"{row['preemptions']:g} preemptions"
 
 
 # --- Figures 5-7 and extra: replication ------------------------------------------------------------

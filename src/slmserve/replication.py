@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -247,6 +248,7 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
     * ``throughput_sum_rps`` = the sum of each replica's own rate (its requests over its own window), the
       paper's way of adding replicas up; it exceeds the system throughput when replicas end at different times;
     * ``latency_mean_s`` = the largest replica mean (as in the paper), ``latency_mean_per_replica`` each one;
+    * ``preemptions`` = vLLM's preemptions summed over the replicas, unknown (None) if a count is missing;
     * telemetry over the common window; ``energy_per_token_j`` = GPU energy / all output tokens.
     """
     per = [analysis.request_metrics(g) for _, g in sorted(req.group_by("replica"), key=lambda kv: kv[0])]
@@ -258,7 +260,7 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
         "throughput_sum_rps": sum(p["throughput_rps"] or 0.0 for p in per),
         "latency_mean_s": max(p["latency_mean_s"] for p in per),
         "latency_mean_per_replica": [p["latency_mean_s"] for p in per],
-        "preemptions": sum((c or {}).get("vllm:num_preemptions_total", 0.0) for c in rep.get("server_counters") or []),
+        "preemptions": _preemptions(rep),
         "effective_batch": sum((e or {}).get("effective_batch") or 0.0 for e in rep.get("engine") or []) or None,
         "beside": analysis.beside_text(rep),
     }
@@ -268,6 +270,13 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
     row.update(analysis.energy_metrics(tsum.get("energy_j"), whole.get("output_tokens"), whole["duration_s"],
                                        tsum["n_samples"]))  # fmt: skip
     return row
+
+
+def _preemptions(rep: dict[str, Any]) -> float | None:
+    """vLLM's preemptions summed over the replicas; None unless every replica's counter was read (a failed
+    /metrics read is an unknown count, not 0)."""
+    counts = [(c or {}).get("vllm:num_preemptions_total") for c in rep.get("server_counters") or []]
+    return math.fsum(counts) if counts and None not in counts else None
 
 
 def summarize_repeats(path: str | Path, models: dict[str, Any] | None = None) -> list[dict[str, Any]]:
