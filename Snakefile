@@ -2,7 +2,7 @@
 # on vLLM. Read top to bottom: configuration, then one rule file per stage of the DAG.
 #
 #   snakemake all --cores 4 --resources gpu=4                     # the paper, on up to 4 GPUs
-#   snakemake all --configfile config/smoke.yaml --cores 2        # every stage on the CPU engine
+#   snakemake all --configfile config/smoke.yaml --cores 2 --resources gpu=1  # every stage on the CPU engine
 #   make replot                                                   # figures from results/, no GPU job
 
 

@@ -240,9 +240,15 @@ def gpus_visible():
     return nvml.gpu_count() > 0
 
 
+def jobs_run_here():
+    """False when an executor plugin submits the jobs (SLURM, ...): they run on other machines, with their GPUs."""
+    plugin = workflow.executor_plugin
+    return plugin is None or not plugin.common_settings.non_local_exec
+
+
 def check_engine_or_results():
-    """Stop before any job when the paper's measurements would run without an NVIDIA GPU."""
-    if config["allow_cpu"] or config["replot"] or gpus_visible():
+    """Stop before any job when the paper's measurements would run on this machine without an NVIDIA GPU."""
+    if config["allow_cpu"] or config["replot"] or not jobs_run_here() or gpus_visible():
         return
     missing = missing_measurements()
     if missing:

@@ -47,8 +47,20 @@ SCRIPTS = ROOT / "tests" / "slurm"
 FIXTURE_RUNS = ROOT / "tests/fixtures/results/runs/opt125m/tp1-out16-rateinf"  # a local run of the smoke DAG
 SLURM_DIR = Path(os.environ.get("SLMSERVE_SLURM_DIR", "/tmp/slmserve-slurm"))
 PARTITION, ACCOUNT = "debug", "slmtest"  # what start_slurm.sh creates
-GPU_RULES = ("sweep", "output_lengths", "replication", "replication_plan", "kv_probe")
 KILL_WAIT_S = 30  # KillWait in start_slurm.sh's slurm.conf: SIGKILL this long after SIGTERM
+
+
+def gpu_rules() -> tuple[str, ...]:
+    """The workflow's rules that declare a ``gpu`` resource: each needs its entry in the profile's set-resources."""
+    found = []
+    for smk in [ROOT / "Snakefile", *sorted((ROOT / "rules").glob("*.smk"))]:
+        for m in re.finditer(r"^rule (\w+):\n((?:[ \t].*\n|\n)*)", smk.read_text(), re.M):
+            if re.search(r"^    resources:\n(?:        .*\n)*?        gpu\s*=", m.group(2), re.M):
+                found.append(m.group(1))
+    return tuple(found)
+
+
+GPU_RULES = gpu_rules()  # from the workflow: a GPU rule added there is checked here without a list to update
 
 
 def _tail(text: str, n: int = 60) -> str:
@@ -108,6 +120,8 @@ def slurm_test_profile(dest: Path, node_cpus: int) -> Path:
     """profiles/slurm with this cluster's partition and account, GPU jobs scaled to this node."""
     prof = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())
     prof["default-resources"].update(slurm_partition=PARTITION, slurm_account=ACCOUNT)
+    # a GPU rule without its entry would be submitted with the light jobs' one CPU and 30 minutes
+    assert not [r for r in GPU_RULES if r not in prof["set-resources"]], (GPU_RULES, list(prof["set-resources"]))
     for rule in GPU_RULES:
         # the paper's sizes (8 CPUs per GPU, tens of GB, hours) do not fit a 2-core test node
         prof["set-resources"][rule].update(cpus_per_gpu=max(1, node_cpus - 1), mem_mb=6000, runtime=30)
