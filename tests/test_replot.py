@@ -52,6 +52,8 @@ def test_replot_from_fixture_results_runs_no_measurement(tmp_path: Path) -> None
     assert report.returncode == 0, report.stderr[-3000:]
     html = (tmp_path / "report.html").read_text(errors="replace")
     assert "throughput_latency" in html and "table1" in html
+    # captions name the profile's own models and workload, not the paper's (smoke: OPT-125M, 128+16 tokens)
+    assert "128+16-token" in html and "configured models (opt125m;" in html
 
 
 @pytest.mark.skipif(not FIXTURES.exists(), reason="fixture results missing: run tests/fixtures/make_fixtures.sh")
