@@ -13,6 +13,9 @@ import polars as pl
 import pyarrow.parquet as pq
 
 META_KEY = b"slmserve"
+# mkstemp makes a file only its owner reads: results take the mode a plain write would (shared clusters)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -23,12 +26,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
+            _publish(fh, tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _publish(fh: Any, tmp: str, target: Path) -> None:
+    """Flush and sync the temporary file, give it a plain file's mode and rename it to ``target``."""
+    fh.flush()
+    os.fsync(fh.fileno())
+    os.chmod(tmp, 0o666 & ~_UMASK)
+    os.replace(tmp, target)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -45,10 +54,10 @@ def write_parquet(df: pl.DataFrame, path: str | os.PathLike[str], meta: Mapping[
     merged[META_KEY] = json.dumps(meta, sort_keys=True, default=str).encode()
     table = table.replace_schema_metadata(merged)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
-    os.close(fd)
     try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, target)
+        with os.fdopen(fd, "wb") as fh:
+            pq.write_table(table, fh, compression="zstd")
+            _publish(fh, tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

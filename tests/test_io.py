@@ -1,0 +1,24 @@
+"""Atomic writes: what a reader finds at the final path."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import polars as pl
+
+from slmserve import io
+
+
+def test_results_get_a_plain_files_mode_not_mkstemps(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    os.umask(old)
+    plain = 0o666 & ~old
+    io.write_parquet(pl.DataFrame({"x": [1]}), tmp_path / "a.parquet", {"k": 1})
+    io.atomic_write_text(tmp_path / "b.json", "{}")
+    for name in ("a.parquet", "b.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == plain, name
+    assert io.read_meta(tmp_path / "a.parquet") == {"k": 1}
+    assert pl.read_parquet(tmp_path / "a.parquet")["x"].to_list() == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet", "b.json"]  # no temporary file left
