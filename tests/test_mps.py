@@ -3,12 +3,37 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from slmserve import mps, server
 from tests.test_replicas import control  # noqa: F401  (a fixture)
+from tests.test_server import gone
+
+# a replication job holding a daemon, until it is killed
+JOB = (
+    "import sys, time; from pathlib import Path; from slmserve import mps; "
+    "mps.Daemon(['0'], Path(sys.argv[1])).start(); print('up', flush=True); time.sleep(120)"
+)
+
+
+def test_a_job_killed_outright_takes_its_daemon_along(tmp_path: Path, control: Path) -> None:  # noqa: F811
+    job = subprocess.Popen([sys.executable, "-c", JOB, str(tmp_path / "logs")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "up"
+        daemon = int(Path(f"{control}.pid").read_text())
+        assert not gone(daemon)
+    finally:
+        job.kill()
+        job.wait()
+    deadline = time.monotonic() + 10
+    while not gone(daemon) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(daemon)  # the death signal reached it (a -d daemon would run on under init)
 
 
 def test_a_signal_during_the_quit_asks_again_before_the_pipe_goes(

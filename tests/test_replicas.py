@@ -18,22 +18,44 @@ from slmserve.runner import SweepJob
 from slmserve.server import InfeasibleError, VllmServer
 from tests.test_server import gone, pids_of, stand_in  # noqa: F401  (stand_in is a fixture)
 
-# A stand-in for nvidia-cuda-mps-control: "-d" starts nothing and succeeds (STAND_IN_MPS_FAIL makes it
-# fail), stdin commands are logged with the environment the daemon would have; get_server_list prints a pid.
+# A stand-in for nvidia-cuda-mps-control: "-f" logs its start, opens the control socket (a file) and runs
+# until a "quit" command; "-d" does the same in a detached grandchild, as the real daemon leaves itself to init
+# (STAND_IN_MPS_FAIL makes both fail). The daemon writes its pid to <log>.pid. Stdin commands are logged with
+# the environment the daemon would have; get_server_list prints a pid.
 STAND_IN_CONTROL = textwrap.dedent(
     """\
     #!/usr/bin/env python3
-    import os, sys
-    log = open(os.environ["STAND_IN_MPS_LOG"], "a")
+    import os, sys, time
+    log = open(os.environ["STAND_IN_MPS_LOG"], "a", buffering=1)
     pipe, logdir, cvd = (os.environ.get(k) for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
                                                        "CUDA_VISIBLE_DEVICES"))
-    if sys.argv[1:] == ["-d"]:
+
+    def serve():
+        open(os.environ["STAND_IN_MPS_LOG"] + ".pid", "w").write(str(os.getpid()))
+        open(os.path.join(pipe, "control"), "w").close()
+        deadline = time.monotonic() + 60  # a stand-in never outlives the test for long
+        while not os.path.exists(os.path.join(pipe, "quit")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    if sys.argv[1:] in (["-d"], ["-f"]):
         log.write(f"start {pipe} {logdir} {cvd}\\n")
         if os.environ.get("STAND_IN_MPS_FAIL"):
             print("An instance of this daemon is already running", file=sys.stderr); sys.exit(1)
+        if sys.argv[1:] == ["-f"]:
+            serve(); sys.exit(0)
+        if os.fork() == 0:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)  # as a daemon does: the caller's pipes close
+            if os.fork() == 0:
+                serve()
+            os._exit(0)
         sys.exit(0)
     cmd = sys.stdin.read().strip()
     log.write(f"{cmd} {pipe}\\n")
+    if cmd == "quit":
+        open(os.path.join(pipe, "quit"), "w").close()
     if cmd == "get_server_list" and not os.environ.get("STAND_IN_MPS_NOSERVER"):
         print(4242)
     """

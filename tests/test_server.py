@@ -441,20 +441,20 @@ def test_a_second_signal_does_not_interrupt_the_cleanup(stand_in) -> None:
     the stop still finishes and kills the server group, instead of being cut short by a second Terminated."""
     spec, pids = stand_in("serve")
     server.install_signal_handlers()
-    real_kill = server._kill_group
+    real_kill = server.kill_group
 
     def kill_with_a_second_signal(proc, timeout_s):
         os.kill(os.getpid(), signal.SIGTERM)  # arrives during the cleanup
         time.sleep(0.2)
         real_kill(proc, timeout_s)
 
-    server._kill_group = kill_with_a_second_signal
+    server.kill_group = kill_with_a_second_signal
     try:
         with pytest.raises(server.Terminated, match="SIGINT"), VllmServer(spec):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)
         assert all(gone(p) for p in pids_of(pids))
     finally:
-        server._kill_group = real_kill
+        server.kill_group = real_kill
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)

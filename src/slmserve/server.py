@@ -157,7 +157,7 @@ def release_port(port: int, fd: int, lock_dir: Path | None = None) -> None:
     os.close(fd)
 
 
-def _pdeathsig() -> None:  # runs in the child between fork and exec
+def pdeathsig() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -341,7 +341,7 @@ class VllmServer:
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
-            preexec_fn=_pdeathsig,
+            preexec_fn=pdeathsig,
         )
 
     def wait_ready(self) -> None:
@@ -401,7 +401,7 @@ class VllmServer:
         try:
             if proc is not None:
                 started = self.startup_s is not None
-                _kill_group(proc, self.spec.stop_timeout_s if started else self.spec.stop_timeout_starting_s)
+                kill_group(proc, self.spec.stop_timeout_s if started else self.spec.stop_timeout_starting_s)
         finally:
             if self._log is not None:
                 self._log.close()
@@ -432,7 +432,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _kill_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def kill_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     pgid = proc.pid  # start_new_session: the group id is the leader's pid
     try:
         for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
