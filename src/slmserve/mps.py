@@ -9,8 +9,8 @@ daemon for its servers after the replicas are up. Leaving the ``with`` block, ho
 (success, an exception, the SIGTERM that :mod:`slmserve.jobguard` turns into one), quits the daemon with
 ``echo quit | nvidia-cuda-mps-control``; a job killed outright (SIGKILL) takes the daemon and its MPS
 server along through the death signal (checked on an H200, 2026-11-29: both gone within 1 s, a client
-still connected; a ``-d`` daemon and its server stayed, under init). The GPU's compute mode is never
-changed: MPS clients of one daemon share a GPU in the default mode.
+still connected; a ``-d`` daemon and its server stayed, under init; ``bench/results/h200-m51-mps/``).
+The GPU's compute mode is never changed: MPS clients of one daemon share a GPU in the default mode.
 
 Where MPS cannot run (no GPU: the CPU engine; no control binary on the host) :func:`unavailable` says why,
 and the replication job records the run as ``unsupported`` with that reason.
