@@ -222,9 +222,10 @@ ENERGY_MIN_WINDOW_S = 10.0
 
 
 def energy_metrics(energy_j: float | None, output_tokens: int | None, window_s: float, n_samples: int) -> dict:
-    """``energy_per_token_j`` = GPU energy over the measurement window (NVML's cumulative counter, last
-    minus first sample in the window, all GPUs) / output tokens; with the window (``energy_window_s``),
-    its sample count (``energy_samples``) and ``energy_window_ok`` = window >= ENERGY_MIN_WINDOW_S."""
+    """``energy_per_token_j`` = GPU energy over the measurement window (NVML's cumulative counter read at the
+    window's edges, all GPUs: :func:`slmserve.telemetry.counter_energy_j`) / output tokens; with the window
+    (``energy_window_s``), its sample count (``energy_samples``) and ``energy_window_ok`` = window >=
+    ENERGY_MIN_WINDOW_S."""
     return {
         "energy_per_token_j": energy_j / output_tokens if energy_j and output_tokens else None,
         "energy_window_s": window_s,
