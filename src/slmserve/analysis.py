@@ -250,12 +250,7 @@ def repeat_rows(path: str | os.PathLike[str], base: RowFn, metrics: MetricsFn,
     that was not measured."""
     meta = io.read_meta(path)
     require(meta, path, ["status"])
-    try:
-        row = base(meta, str(path), models)
-    except KeyError as exc:  # a row function of its own (replication's) indexes the run's settings directly
-        key = str(exc.args[0]) if exc.args else ""
-        require(meta, path, [key if key in ("run", "provenance") else f"run.{key}"])
-        raise
+    row = base(meta, str(path), models)
     if meta["status"] != "ok":
         return [row]
     req = pl.read_parquet(path)

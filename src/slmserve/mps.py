@@ -92,13 +92,16 @@ class Daemon:
         return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
                 "CUDA_VISIBLE_DEVICES": ",".join(self.gpu_ids)}  # fmt: skip
 
+    def _environ(self) -> dict[str, str]:
+        return {**os.environ, **self.env()}
+
     def _control(self, *args: str, stdin: str | None = None) -> str:
         done = subprocess.run([self.binary, *args], input=stdin, capture_output=True, text=True,
-                              env={**os.environ, **self.env()}, timeout=self.timeout_s, check=False)  # fmt: skip
+                              env=self._environ(), timeout=self.timeout_s, check=False)  # fmt: skip
         if done.returncode != 0:
             raise MpsError(f"{self.binary} {' '.join(args) or '<<< ' + (stdin or '').strip()} exited with "
                            f"{done.returncode}: {(done.stderr or done.stdout).strip()[-500:]} "
-                           f"(daemon log: {self.log_dir / 'control.log'})")  # fmt: skip
+                           f"(daemon log: {self.log_path})")  # fmt: skip
         return done.stdout
 
     def start(self) -> None:
@@ -111,7 +114,7 @@ class Daemon:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("ab") as out:  # -f logs to stdout, not to the log directory
                 self.proc = subprocess.Popen([self.binary, "-f"], stdin=subprocess.DEVNULL, stdout=out,
-                                             stderr=subprocess.STDOUT, env={**os.environ, **self.env()},
+                                             stderr=subprocess.STDOUT, env=self._environ(),
                                              start_new_session=True, preexec_fn=server.pdeathsig)  # fmt: skip
             self._wait_ready()
         except BaseException:

@@ -225,6 +225,9 @@ def _measure_replicas(job: SweepJob, share: SweepJob, servers: list[VllmServer],
 
 
 def _replication_row(meta: dict[str, Any], path: str, models: dict[str, Any] | None) -> dict[str, Any]:
+    analysis.require(meta, path, ("run", "provenance"))
+    analysis.require(meta, path, ("run.model", "run.replicas", "run.batch_per_replica", "run.input_len",
+                                  "run.output_len"))  # fmt: skip
     run, prov = meta["run"], meta["provenance"]
     entry = (models or {}).get(run["model"], {})
     return {
