@@ -421,6 +421,29 @@ def test_a_signal_during_the_grace_period_still_kills_the_server(stand_in) -> No
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def test_the_port_is_released_only_after_a_killed_server_is_reaped(stand_in, monkeypatch) -> None:
+    """The Terminated of a signal cuts the grace period short: the group is killed, and its port is given
+    back only once the leader is reaped and its child gone (before: released while both were still there)."""
+    spec, pids = stand_in("serve-ignoring-term")
+    seen: list[bool] = []
+    real_release = server.release_port
+
+    def release_and_look(port: int, fd: int, lock_dir: Path | None = None) -> None:
+        leader, child = pids_of(pids)
+        seen.append(not Path(f"/proc/{leader}").exists() and gone(child))  # reaped, not a zombie
+        real_release(port, fd, lock_dir)
+
+    monkeypatch.setattr(server, "release_port", release_and_look)
+    server.install_signal_handlers()
+    try:
+        with pytest.raises(server.Terminated, match="SIGTERM"), VllmServer(spec):
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()  # lands in the 3 s grace period
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert seen == [True]
+
+
 def test_health_checks_bypass_the_hosts_http_proxy(stand_in, monkeypatch: pytest.MonkeyPatch) -> None:
     """A host's http_proxy (here one that is not listening) must not carry the reads of 127.0.0.1."""
     for key in ("no_proxy", "NO_PROXY"):

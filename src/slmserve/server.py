@@ -432,21 +432,29 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def kill_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def _signal_and_wait(proc: subprocess.Popen[bytes], sig: signal.Signals, wait_s: float) -> bool:
+    """Send ``sig`` to the group led by ``proc``; whether the leader is reaped and the group gone in ``wait_s``."""
     pgid = proc.pid  # start_new_session: the group id is the leader's pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+        if proc.poll() is not None and not _group_alive(pgid):
+            return True
+    return False
+
+
+def kill_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Stop the process group led by ``proc``: SIGTERM, ``timeout_s`` of grace, then SIGKILL; return once
+    it is gone, so that its port and GPU memory are free for the next server."""
     try:
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=0.2)
-                if proc.poll() is not None and not _group_alive(pgid):
-                    return
-        proc.wait()
+        if not _signal_and_wait(proc, signal.SIGTERM, timeout_s):
+            _signal_and_wait(proc, signal.SIGKILL, 10.0)
+            proc.wait()
     except BaseException:
-        # a signal's Terminated can cut the grace period short: the group must not outlive it
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
+        # a signal's Terminated can cut the grace period short: the group must not outlive it, and the
+        # caller releases the port next (later signals are ignored, so this wait is not cut short)
+        _signal_and_wait(proc, signal.SIGKILL, 10.0)
         raise
