@@ -11,10 +11,13 @@ import polars as pl
 from slmserve import io
 
 
-def test_results_get_a_plain_files_mode_not_mkstemps(tmp_path: Path) -> None:
-    old = os.umask(0o027)
-    os.umask(old)
-    plain = 0o666 & ~old
+def test_results_get_a_plain_files_mode_not_mkstemps(tmp_path: Path, monkeypatch) -> None:
+    current = os.umask(0o022)
+    os.umask(current)
+    assert current == io._UMASK  # the process's umask, read once at import
+    # a fixed umask whose plain mode (0644) differs from mkstemp's 0600, whatever the caller's umask
+    monkeypatch.setattr(io, "_UMASK", 0o022)
+    plain = 0o644
     io.write_parquet(pl.DataFrame({"x": [1]}), tmp_path / "a.parquet", {"k": 1})
     io.atomic_write_text(tmp_path / "b.json", "{}")
     for name in ("a.parquet", "b.json"):
