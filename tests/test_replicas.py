@@ -148,8 +148,11 @@ def test_an_advisor_plan_is_run_or_recorded_with_its_reason(tmp_path: Path, monk
     job = _cpu_job(tmp_path, monkeypatch)
     none, out = tmp_path / "opt125m_advisor-plain.parquet", tmp_path / "opt125m_advisor-mps.parquet"
     why = "the advisor chose no batch"
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "7")  # the job's GPU, recorded though no server starts
     meta = replication.run_advisor_plan(job, replication.AdvisorPlan(None, None, why), 8, none)
     assert (meta["status"], meta["reason"], meta["run"]["plan"]) == ("infeasible", why, "advisor")
+    assert meta["gpu_ids"] == ["7"]
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
     meta = replication.run_advisor_plan(job, replication.AdvisorPlan(4, 3), 8, out, use_mps=True)
     assert meta["status"] == "unsupported" and "MPS needs a GPU" in meta["reason"]
     assert (meta["run"]["replicas"], meta["run"]["batch_per_replica"], meta["run"]["batch_rule"]) == (4, 3, "advisor")

@@ -402,3 +402,37 @@ def test_jobs_sized_by_a_probe_refuse_one_of_another_gpu(tmp_path: Path, monkeyp
     assert StandInUnsupportedServer.starts == 0 and not points[32, float("inf")][0].exists()
     replication.run_replication(job, 2, 128, out, probe=_probe_of(tmp_path, H200), use_mps=True)  # its own GPU's
     assert io.read_meta(out)["status"] == "unsupported"  # MPS needs a GPU: this CPU job has none
+
+
+def test_a_gpu_profiles_job_on_a_node_without_gpus_fails_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """allow_cpu false (the paper's profiles), no GPU in the pool (a SLURM node without one): the sweep, the
+    probe and a replication fail before any server starts, naming the setting, instead of measuring the CPU."""
+    from slmserve import replication
+    from slmserve.gpuslots import NoGpuError
+
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    monkeypatch.setattr(runner, "VllmServer", StandInUnsupportedServer)
+    monkeypatch.setattr(replication, "VllmServer", StandInUnsupportedServer)
+    StandInUnsupportedServer.starts = 0
+    prompts = tmp_path / "prompts.parquet"
+    rows = {"request_id": [0], "source_id": ["a"], "source_index": [0], "original_len": [9], "prompt_len": [4],
+            "token_ids": [[1, 2, 3, 4]], "tokenizer": ["t"]}  # fmt: skip
+    io.write_parquet(pl.DataFrame(rows, schema=dataset.SCHEMA), prompts, {})
+    outputs = {1: (tmp_path / "bs1.requests.parquet", tmp_path / "bs1.telemetry.parquet")}
+    job = runner.SweepJob(
+        model="opt125m", model_path="config/models/opt-125m", load_format="dummy", tensor_parallel=1,
+        batch_sizes=[1], prompts_path=prompts, outputs=outputs, log_dir=tmp_path, input_len=4, output_len=4,
+        num_requests=1, telemetry_enabled=False, allow_cpu=False,
+    )  # fmt: skip
+    refused = r"opt125m .*GPU pool is empty.*allow_cpu: false\. Run the job on a node with an NVIDIA GPU"
+    with pytest.raises(NoGpuError, match=refused):
+        runner.run_sweep(job)
+    with pytest.raises(NoGpuError, match="allow_cpu: false"):
+        runner.probe_capacity(job, None, tmp_path / "whole.json")
+    with pytest.raises(NoGpuError, match="allow_cpu: false"):
+        replication.run_replication(job, 2, 8, tmp_path / "r2.parquet")
+    assert StandInUnsupportedServer.starts == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["prompts.parquet"]  # no result, no partial file

@@ -25,12 +25,15 @@ def test_sweep_job_from_the_rules_params(tmp_path: Path) -> None:
     job = {"model": "opt125m", "model_path": "config/models/opt-125m", "load_format": "dummy", "tensor_parallel": 1,
            "batch_sizes": [1, 2], "input_len": 16, "output_len": 8, "num_requests": 4, "arrival_rate": math.inf,
            "fits": "admission"}  # fmt: skip
-    rule = SimpleNamespace(params=SimpleNamespace(job=job, prompts="p.parquet"), log=[str(tmp_path / "x/sweep.log")])
+    rule = SimpleNamespace(params=SimpleNamespace(job=job, prompts="p.parquet"), log=[str(tmp_path / "x/sweep.log")],
+                           config={"allow_cpu": False})  # fmt: skip
     outputs = {1: (Path("a"), Path("b"))}
     built = _common().sweep_job(rule, outputs)
     assert (built.model, built.batch_sizes, built.prompts_path, built.outputs) == ("opt125m", [1, 2], Path("p.parquet"),
                                                                                    outputs)  # fmt: skip
     assert built.log_dir == tmp_path / "x/sweep"
+    assert built.allow_cpu is False  # a GPU profile's job refuses a node without GPUs
+    assert "allow_cpu" not in built.describe()  # nor is it a setting of the measurement
     probe = _common().sweep_job(rule, prompts="-", batch_sizes=[4])
     assert (probe.prompts_path, probe.batch_sizes, probe.outputs) == (Path("-"), [4], {})
     assert job["batch_sizes"] == [1, 2]  # the rule's params are left as they are

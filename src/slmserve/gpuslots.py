@@ -341,8 +341,10 @@ class GpuSlots:
         if not pool:
             if not self.allow_cpu:
                 raise NoGpuError(
-                    f"{self.k} GPU(s) requested but the GPU pool is empty (no {POOL_ENV}, "
-                    f"{CVD}={self._env.get(CVD)!r}, NVML sees no GPU) and allow_cpu=False"
+                    f"{self.label or 'job'}: {self.k} GPU(s) requested but the GPU pool is empty (no {POOL_ENV}, "
+                    f"{CVD}={self._env.get(CVD)!r}, NVML sees no GPU) and the profile sets allow_cpu: false. "
+                    "Run the job on a node with an NVIDIA GPU (under SLURM, a GPU partition), or use a CPU "
+                    "profile such as config/smoke.yaml"
                 )
             log.info("no GPUs in the pool: %r gets a CPU allocation", self.label or "job")
             self._allocation = Allocation((), ())

@@ -130,9 +130,12 @@ def run_advisor_plan(job: SweepJob, plan: AdvisorPlan, one_gpu_max: int, out: Pa
     with the run); a model without a plan is written as ``infeasible`` with the advisor's reason."""
     record = {"advisor": dict(advice) if advice is not None else None}
     if plan.replicas is None or plan.batch is None:
-        with guard([out], f"{job.model} advisor plan"):
+        label = f"{job.model} advisor plan"
+        # the job's GPU slot, though no server starts: the result names the GPU (and its model) it stands for
+        with guard([out], label), GpuSlots(1, label=label, allow_cpu=job.allow_cpu) as alloc:
             run = _run_record(job, None, None, one_gpu_max, "advisor", start, use_mps, record)
-            return write_unmeasured((out, layout.telemetry_path(out)), header(run, [], []), plan.why or "no plan")
+            head = header(run, alloc.ids, alloc.nvml_indices)
+            return write_unmeasured((out, layout.telemetry_path(out)), head, plan.why or "no plan")
     return run_replication(job, plan.replicas, one_gpu_max, out, probe=probe, start=start, use_mps=use_mps,
                            batch=plan.batch, plan="advisor", record=record)  # fmt: skip
 
@@ -162,7 +165,7 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *
     paths = (out, layout.telemetry_path(out))
     with guard([out], f"{job.model} x{replicas}"):
         prompts = load_prompts(job)
-        with GpuSlots(1, label=f"{job.model} x{replicas}") as alloc:
+        with GpuSlots(1, label=f"{job.model} x{replicas}", allow_cpu=job.allow_cpu) as alloc:
             # the batch (and with `together`, each replica's memory) came from the probe
             capacity.check_probe(probe, provenance.kind(alloc.nvml_indices))
             run = _run_record(job, replicas, batch, one_gpu_max, plan, start, use_mps, record)

@@ -84,6 +84,9 @@ class SweepJob:
     telemetry_enabled: bool = True
     profile: str = "paper"
     engine_args: list[str] = field(default_factory=list)  # extra vLLM arguments of this model (config)
+    # False (a GPU profile, config key allow_cpu): no GPU in the job's pool fails the job instead of
+    # measuring the CPU engine, e.g. on a SLURM node without GPUs
+    allow_cpu: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -95,7 +98,7 @@ class SweepJob:
 
     def describe(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("outputs", "prompts_path", "log_dir"):
+        for key in ("outputs", "prompts_path", "log_dir", "allow_cpu"):  # the provenance says where it ran
             d.pop(key)
         for key in ("engine_args", "max_cudagraph_capture_size"):  # unset: as runs made before the field
             if not d[key]:
@@ -367,7 +370,7 @@ def _not_after_saved_repeats(points: Sequence[Point], why: str) -> None:
 
 
 def _job_gpus(job: SweepJob, label: str) -> GpuSlots:
-    return GpuSlots(job.tensor_parallel, label=f"{job.model} {label}")
+    return GpuSlots(job.tensor_parallel, label=f"{job.model} {label}", allow_cpu=job.allow_cpu)
 
 
 def _check_gpus(job: SweepJob, alloc: Allocation) -> None:

@@ -25,7 +25,8 @@ def sweep_job(snakemake: Any, outputs: Mapping | None = None, prompts: str | Non
     """The rule's ``params.job`` (overridden by ``job``) with its prompts (``params.prompts`` unless
     given), ``outputs`` and a log folder named after the log file."""
     return SweepJob(
-        **{**snakemake.params.job, **job},
+        # not a param: the setting decides only whether a GPU-less node may run the job, not what it measures
+        **{"allow_cpu": snakemake.config["allow_cpu"], **snakemake.params.job, **job},
         prompts_path=Path(snakemake.params.prompts if prompts is None else prompts),
         outputs=dict(outputs or {}),
         log_dir=Path(snakemake.log[0]).with_suffix(""),
