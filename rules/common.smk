@@ -1,9 +1,10 @@
 # Helpers shared by all stages (config checks, the runs each experiment plans, target lists). Paths come
 # from slmserve.layout (L); the experiments and figures are its EXPERIMENTS and FIGURES.
 
+import re
 from pathlib import Path
 
-from slmserve.config import check, model_workload, parse_rate
+from slmserve.config import ConfigError, check, model_workload, parse_rate
 from slmserve.layout import EXPERIMENTS, FIGURE_EXTS, FIGURES, WILDCARDS, Layout
 
 check(config, Path(workflow.basedir))
@@ -18,8 +19,8 @@ OUTLEN = EXP["output_lengths"]
 BUDGET = EXP["table1"]["budget_gb"]
 PROMPTS = L.path("prompts", input_len=WL["input_len"], num_requests=WL["num_requests"])
 CAL = config["calibration"]
-# The model wildcard takes a model key of the config (dots escaped).
-MODEL_RE = "|".join(k.replace(".", r"\.") for k in config["models"])
+# The model wildcard takes a model key of the config, literally.
+MODEL_RE = "|".join(map(re.escape, config["models"]))
 
 
 def run_files(model, tp, batch_sizes, out=None, rate=None):
@@ -116,6 +117,13 @@ def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=T
     entry = config["models"][model]
     eng, tel = config["engine"], config["telemetry"]
     wl = model_workload(config, model) if requests else WL
+    out = int(WL["output_len"] if out is None else out)
+    if WL["input_len"] + out > eng["max_model_len"]:  # check() covers the config's lengths, not a target's
+        raise ConfigError(
+            f"a target's output length {out}: input_len + output_len = {WL['input_len'] + out} tokens exceed "
+            f"engine.max_model_len {eng['max_model_len']}; ask for out<={eng['max_model_len'] - WL['input_len']} "
+            "or raise engine.max_model_len"
+        )
     return {
         "model": model,
         "model_path": entry.get("weights") or entry["config"],
@@ -123,7 +131,7 @@ def job_params(model, tp=1, out=None, rate=None, batch_sizes=(), batch_control=T
         "tensor_parallel": int(tp),
         "batch_sizes": list(batch_sizes),
         "input_len": WL["input_len"],
-        "output_len": int(WL["output_len"] if out is None else out),
+        "output_len": out,
         "num_requests": WL["num_requests"],
         "rounds_per_batch": wl["rounds_per_batch"],
         "min_requests": wl["min_requests"],

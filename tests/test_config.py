@@ -462,3 +462,16 @@ def test_dry_run_h200_profile(tmp_path: Path) -> None:
     for model in ("opt6.7b", "opt125m", "opt1.3b", "opt2.7b"):
         assert f"{tmp_path}/results/capacity/{model}-whole.json" in out.stdout
     assert "-36gb.json" not in out.stdout and " results/capacity/" not in out.stdout
+
+
+def test_rates_read_from_strings_and_label_without_exponents() -> None:
+    """A path's rate wildcard is a string ("10"); a label never takes an exponent its wildcard cannot match."""
+    from slmserve.layout import WILDCARDS
+
+    assert parse_rate("10") == 10.0 and parse_rate("0.5") == 0.5 and math.isinf(parse_rate("Infinity"))
+    for bad in ("nan", "", "10/s", None):
+        with pytest.raises(ConfigError, match="allowed values are a positive number or 'inf'"):
+            parse_rate(bad)
+    labels = [rate_label(r) for r in (1e-5, 1e6, 0.1, 10.0)]
+    assert labels == ["0.00001", "1000000", "0.1", "10"]
+    assert all(re.fullmatch(WILDCARDS["rate"], label) for label in labels)

@@ -60,3 +60,82 @@ def test_an_experiment_without_models_names_the_figures_left_out(tmp_path: Path)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-2000:]
     assert "experiments.sweep plans no run, so `all` builds none of its figures: throughput_latency" in text
+
+
+@pytest.mark.parametrize(
+    ("mutate", "pattern"),
+    [
+        # a repeat would be measured twice and counted as twice the repeats (a CI too narrow)
+        (lambda c: c["experiments"]["sweep"].__setitem__("batch_sizes", [4, 4, 8]),
+         r"experiments\.sweep\.batch_sizes: .*non-unique.*list each value once"),
+        (lambda c: c["experiments"]["sweep"].__setitem__("models", ["opt125m", "opt125m"]),
+         r"experiments\.sweep\.models: .*list each value once"),
+        (lambda c: c["calibration"].__setitem__("models", ["opt1.3b", "opt1.3b"]), r"calibration\.models: .*once"),
+        # a model's name becomes a folder of the results' paths
+        (lambda c: c["models"].__setitem__("opt/125m", {"config": "config/models/opt-125m"}),
+         r"config key models: 'opt/125m' does not match .*it becomes a folder name"),
+        # the rate takes a number or "inf": the message says so, not only "not one of ['inf']"
+        (lambda c: c["workload"].__setitem__("arrival_rate", "1e3"),
+         r"workload\.arrival_rate: '1e3' is not allowed: Arrival rate in requests/s, or \"inf\""),
+        (lambda c: c["workload"].__setitem__("output_len", "64"),
+         r"workload\.output_len: '64' is not of type 'integer'; a nested key given with --config .* --configfile"),
+    ],
+)  # fmt: skip
+def test_schema_errors_say_what_the_key_takes(mutate, pattern: str) -> None:
+    cfg = _paper()
+    mutate(cfg)
+    with pytest.raises(config.ConfigError, match=pattern):
+        config.check_schema(cfg, SCHEMA)
+
+
+def test_a_broken_model_config_json_stops_the_plan(tmp_path: Path) -> None:
+    """Read first by Table 1 and the advisor, after the GPU probes: a file that is not JSON stops the plan."""
+    folder = tmp_path / "opt-125m"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "opt", ')
+    cfg = _paper()
+    cfg["models"]["opt125m"]["config"] = str(folder)
+    with pytest.raises(config.ConfigError, match=r"models\.opt125m\.config: .*config\.json is not valid JSON"):
+        config.check(cfg, ROOT)
+
+
+def test_damaged_results_and_probes_are_named_with_what_to_do(tmp_path: Path) -> None:
+    from slmserve import analysis, capacity, io
+
+    empty, cut = tmp_path / "bs1.requests.parquet", tmp_path / "bs2.requests.parquet"
+    empty.write_bytes(b"")
+    cut.write_bytes(b"PAR1" + b"\0" * 20)
+    for path in (empty, cut):
+        with pytest.raises(ValueError, match=rf"{path}: not a readable parquet file .*delete it and rerun"):
+            analysis.summarize_runs([str(path)], {})
+        with pytest.raises(ValueError, match=rf"{path}: not a readable parquet file"):
+            io.read_table(path)
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.parquet: no such file; rerun the rule"):
+        io.read_meta(tmp_path / "nowhere.parquet")
+    probe = tmp_path / "opt125m-whole.json"
+    for text, why in (('{"model": "opt125m", ', "not a KV-cache probe's JSON"),
+                      ("[1, 2]", "not a KV-cache probe's JSON"), ('{"status": "ok"}', "has no model"),
+                      ('{"model": "opt125m", "status": "ok", "kv_cache_tokens": 5}',
+                       "has no max_batch_admission, max_batch_no_preemption")):  # fmt: skip
+        probe.write_text(text)
+        with pytest.raises(ValueError, match=rf"{probe}: .*{why}.*delete it and rerun `snakemake {probe}`"):
+            capacity.read_probes([probe])
+    probe.write_text('{"model": "opt125m", "status": "infeasible", "reason": "no memory"}')
+    assert capacity.read_probe(probe)["status"] == "infeasible"  # nothing measured: no capacity keys needed
+
+
+def test_targets_outside_the_configs_lengths_and_counts_are_refused(tmp_path: Path) -> None:
+    """A target names its own output length or replica count, which the config's checks never saw."""
+    out = tmp_path / "r"
+    long = out / "runs/opt125m/tp1-out999-rateinf/bs4.requests.parquet"
+    proc = snakemake(str(long), "-n", "--cores", "1", "--config", f"outdir={out}", "allow_cpu=True")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "output length 999: input_len + output_len = 1511 tokens exceed engine.max_model_len 1024" in text
+    for target in ("replication/opt125m_r0.parquet", "runs/opt125m/tp3-out256-rateinf/bs4.requests.parquet"):
+        proc = snakemake(str(out / target), "-n", "--cores", "1", "--config", f"outdir={out}", "allow_cpu=True")
+        assert proc.returncode != 0 and "Job stats" not in proc.stdout, target  # no job for 0 replicas or TP=3
+    # a numeric rate, in the config or a target's path, is a rate (it was refused as a string)
+    rate = out / "runs/opt125m/tp1-out256-rate10/bs4.requests.parquet"
+    proc = snakemake(str(rate), "-n", "--cores", "1", "--config", f"outdir={out}", "allow_cpu=True")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]

@@ -41,7 +41,8 @@ def test_table1_frame_from_probe_files(tmp_path: Path, monkeypatch: pytest.Monke
         for kind, mult in (("whole", 2), ("36gb", 1)):
             p = tmp_path / f"{model}-{kind}.json"
             profile = "quick" if model == "opt1.3b" else "paper"  # one profile's probes in another's table
-            p.write_text(json.dumps({"model": model, "kv_cache_tokens": tokens * mult, "max_batch_admission": batch,
+            p.write_text(json.dumps({"model": model, "status": "ok", "kv_cache_tokens": tokens * mult,
+                                     "max_batch_admission": batch, "max_batch_no_preemption": None,
                                      "provenance": {"gpu_models": ["NVIDIA H100 80GB HBM3"], "engine": "vllm",
                                                     "engine_version": "0.26.0",
                                                     "config": {"profile": profile}}}))  # fmt: skip
@@ -65,7 +66,8 @@ def test_table1_frame_from_probe_files(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_table1_keeps_a_planned_model_without_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     probe = tmp_path / "opt125m-whole.json"
-    probe.write_text(json.dumps({"model": "opt125m", "kv_cache_tokens": 2_056_000, "max_batch_admission": 512,
+    probe.write_text(json.dumps({"model": "opt125m", "status": "ok", "kv_cache_tokens": 2_056_000,
+                                 "max_batch_admission": 512, "max_batch_no_preemption": None,
                                  "provenance": {"gpu_models": ["NVIDIA H100 80GB HBM3"], "engine": "vllm",
                                                 "engine_version": "0.26.0"}}))  # fmt: skip
     models = {m: {"config": f"config/models/{OPT[m]}", "params": m[3:].upper()} for m in ("opt125m", "opt13b")}
@@ -137,8 +139,8 @@ def test_table1_reads_both_rules_from_the_probes(tmp_path: Path, monkeypatch: py
     paths = []
     for kind, adm, nop in (("whole", 512, 256), ("36gb", 256, 128)):
         p = tmp_path / f"opt1.3b-{kind}.json"
-        p.write_text(json.dumps({"model": "opt1.3b", "kv_cache_tokens": 1000, "max_batch_admission": adm,
-                                 "max_batch_no_preemption": nop,
+        p.write_text(json.dumps({"model": "opt1.3b", "status": "ok", "kv_cache_tokens": 1000,
+                                 "max_batch_admission": adm, "max_batch_no_preemption": nop,
                                  "provenance": {"gpu_models": [GPU], "config": {"fits": "admission"}}}))  # fmt: skip
         paths.append(str(p))
     monkeypatch.chdir(ROOT)

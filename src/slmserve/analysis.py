@@ -253,8 +253,8 @@ def repeat_rows(path: str | os.PathLike[str], base: RowFn, metrics: MetricsFn,
     row = base(meta, str(path), models)
     if meta["status"] != "ok":
         return [row]
-    req = pl.read_parquet(path)
-    tel = pl.read_parquet(telemetry_path(path))
+    req = io.read_table(path)
+    tel = io.read_table(telemetry_path(path))
     rows = []
     for rep in measure.repeats_of(meta):
         i = rep["repeat"]

@@ -29,9 +29,27 @@ class ProbeMismatch(RuntimeError):
     """A KV-cache probe was measured on another GPU model or engine than the job that would size itself by it."""
 
 
+# what every probe holds, and what a measured one (status ok) holds besides
+PROBE_KEYS = ("model", "status")
+MEASURED_KEYS = ("kv_cache_tokens", "max_batch_admission", "max_batch_no_preemption")
+
+
 def read_probe(path: str | Path) -> dict[str, Any]:
-    """A KV-cache probe (the JSON of :func:`slmserve.runner.probe_capacity`) with ``source``, its file."""
-    return {**json.loads(Path(path).read_text()), "source": str(path)}
+    """A KV-cache probe (the JSON of :func:`slmserve.runner.probe_capacity`) with ``source``, its file; one
+    that is not valid JSON or lacks a key of :data:`PROBE_KEYS` (and, measured, of :data:`MEASURED_KEYS`)
+    raises ValueError naming the file."""
+    redo = f"delete it and rerun `snakemake {path}` (with this profile's --configfile)"
+    try:
+        probe = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a KV-cache probe's JSON ({exc}); {redo}") from None
+    if not isinstance(probe, dict):
+        raise ValueError(f"{path}: not a KV-cache probe's JSON (a {type(probe).__name__}); {redo}")
+    keys = PROBE_KEYS + (MEASURED_KEYS if probe.get("status") == "ok" else ())
+    missing = [k for k in keys if k not in probe]
+    if missing:
+        raise ValueError(f"{path}: the KV-cache probe has no {', '.join(missing)}; {redo}")
+    return {**probe, "source": str(path)}
 
 
 def read_probes(paths: Iterable[str | Path]) -> dict[str, dict[str, Any]]:

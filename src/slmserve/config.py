@@ -8,8 +8,10 @@ the workload.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +21,21 @@ class ConfigError(ValueError):
 
 
 def parse_rate(value: float | int | str) -> float:
-    """An arrival rate from the config: a positive number or ``"inf"``."""
-    if isinstance(value, str):
-        if value.strip().lower() in {"inf", "infinity"}:
-            return math.inf
+    """An arrival rate from the config or a path's ``rate`` wildcard: a positive number (also as a string,
+    ``"10"``) or ``"inf"``."""
+    try:
+        rate = float(value)  # "inf" and "infinity" too, in any case
+    except (TypeError, ValueError):
+        rate = math.nan
+    if not rate > 0:  # also NaN
         raise ConfigError(f"arrival rate {value!r}: allowed values are a positive number or 'inf'")
-    if value <= 0:
-        raise ConfigError(f"arrival rate {value!r}: allowed values are a positive number or 'inf'")
-    return float(value)
+    return rate
 
 
 def rate_label(rate: float) -> str:
-    """How a rate appears in file names: ``inf`` or the number without a trailing ``.0``."""
-    return "inf" if math.isinf(rate) else f"{rate:g}"
+    """How a rate appears in file names: ``inf`` or the number in plain digits (``10``, ``0.5``, never an
+    exponent, which the paths' ``rate`` wildcard does not match)."""
+    return "inf" if math.isinf(rate) else format(Decimal(repr(float(rate))).normalize(), "f")
 
 
 def check_schema(config: Mapping[str, Any], schema_path: str | Path) -> None:
@@ -45,12 +49,21 @@ def check_schema(config: Mapping[str, Any], schema_path: str | Path) -> None:
     if error is None:
         return
     key = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-    allowed = ""
-    if error.validator == "additionalProperties":
+    message, allowed = error.message, ""
+    if error.parent is not None and error.parent.validator in ("oneOf", "anyOf"):
+        # one branch's complaint ("not one of ['inf']") hides the others: say what the key takes
+        message = f"{error.instance!r} is not allowed: {error.parent.schema.get('description', 'see the schema')}"
+    elif error.validator == "additionalProperties":
         allowed = f"; allowed keys here: {', '.join(sorted(error.schema.get('properties', {})))}"
     elif error.validator == "enum":
         allowed = f"; allowed values: {', '.join(map(str, error.validator_value))}"
-    raise ConfigError(f"config key {key}: {error.message}{allowed} (schema: {schema_path})")
+    elif error.validator == "uniqueItems":
+        allowed = "; list each value once (a repeat would be measured and counted twice)"
+    elif "propertyNames" in error.schema_path:
+        allowed = "; a name is letters, digits, '.', '_' and '-' (it becomes a folder name)"
+    if error.validator == "type" and isinstance(error.instance, str):
+        allowed += "; a nested key given with --config arrives as a string: set it in a --configfile"
+    raise ConfigError(f"config key {key}: {message}{allowed} (schema: {schema_path})")
 
 
 def _model_names(config: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
@@ -90,6 +103,13 @@ def check(config: Mapping[str, Any], root: Path | None = None) -> None:
                 f"config key models.{name}.config: {cfg_dir}/config.json does not exist; point it at a "
                 f"folder holding the model's config.json, or set models.{name}.weights"
             )
+        try:  # read after the GPU jobs (Table 1, the advisor): a broken file must stop the plan, not them
+            json.loads((cfg_dir / "config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"config key models.{name}.config: {cfg_dir}/config.json is not valid JSON ({exc}); restore "
+                "the model's published config.json"
+            ) from None
     wl, eng = config.get("workload", {}), config.get("engine", {})
     need = wl.get("input_len", 512) + max(
         [

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 META_KEY = b"slmserve"
+T = TypeVar("T")
 # mkstemp makes a file only its owner reads: results take the mode a plain write would (shared clusters)
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -65,8 +67,26 @@ def write_parquet(df: pl.DataFrame, path: str | os.PathLike[str], meta: Mapping[
 
 def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``slmserve`` metadata of a parquet file written by :func:`write_parquet`."""
-    schema = pq.read_schema(path)
+    schema = _read(path, pq.read_schema)
     raw = (schema.metadata or {}).get(META_KEY)
     if raw is None:
         raise ValueError(f"{path}: no slmserve metadata; was it written by this workflow?")
     return json.loads(raw)
+
+
+def read_table(path: str | os.PathLike[str]) -> pl.DataFrame:
+    """The rows of a parquet file written by :func:`write_parquet`."""
+    return _read(path, pl.read_parquet)
+
+
+def _read(path: str | os.PathLike[str], reader: Callable[[Any], T]) -> T:
+    """``reader(path)``; a missing or damaged file raises an error naming it and what to do."""
+    try:
+        return reader(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file; rerun the rule that writes it") from None
+    except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as exc:
+        raise ValueError(
+            f"{path}: not a readable parquet file ({exc}); it is damaged or was cut short: delete it and rerun "
+            "the rule that writes it"
+        ) from None

@@ -67,18 +67,18 @@ FIGURES: dict[str, Figure] = {
 # The experiments, one summary each: the figures' sources, in the order of FIGURES.
 EXPERIMENTS: tuple[str, ...] = tuple(dict.fromkeys(f.source for f in FIGURES.values()))
 
-# Each wildcard's values (also the workflow's wildcard_constraints); a model key is any folder name here,
-# the Snakefile narrows it to the config's models.
+# Each wildcard's values (also the workflow's wildcard_constraints: a target outside them has no rule,
+# e.g. 0 replicas); a model key is any folder name here, the Snakefile narrows it to the config's models.
 WILDCARDS: dict[str, str] = {
     "model": r"[^/]+",
-    "tp": r"\d+",
-    "out": r"\d+",
+    "tp": r"1|2|4|8",  # the schema's tensor_parallel values
+    "out": r"[1-9]\d*",
     "rate": r"inf|\d+(\.\d+)?",
-    "bs": r"\d+",
-    "n": r"\d+",
-    "budget": r"whole|\d+(\.\d+)?gb",
-    "input_len": r"\d+",
-    "num_requests": r"\d+",
+    "bs": r"[1-9]\d*",
+    "n": r"[1-9]\d*",
+    "budget": r"whole|(?!0+(\.0+)?gb)\d+(\.\d+)?gb",  # not 0 GB
+    "input_len": r"[1-9]\d*",
+    "num_requests": r"[1-9]\d*",
     "experiment": "|".join(EXPERIMENTS),
     "name": r"\w+",
     "machine": r"[a-z0-9][a-z0-9.-]*",
