@@ -79,6 +79,8 @@ def test_an_experiment_without_models_names_the_figures_left_out(tmp_path: Path)
          r"workload\.arrival_rate: '1e3' is not allowed: Arrival rate in requests/s, or \"inf\""),
         (lambda c: c["workload"].__setitem__("output_len", "64"),
          r"workload\.output_len: '64' is not of type 'integer'; a nested key given with --config .* --configfile"),
+        (lambda c: c["workload"].__setitem__("arrival_rate", "10"), r"'10' is not allowed: .*arrives as a string"),
+        (lambda c: c.__setitem__("replot", "yes"), r"replot: 'yes' is not of type 'boolean' \(schema"),  # top level
     ],
 )  # fmt: skip
 def test_schema_errors_say_what_the_key_takes(mutate, pattern: str) -> None:
@@ -112,6 +114,10 @@ def test_damaged_results_and_probes_are_named_with_what_to_do(tmp_path: Path) ->
             io.read_table(path)
     with pytest.raises(FileNotFoundError, match=r"nowhere\.parquet: no such file; rerun the rule"):
         io.read_meta(tmp_path / "nowhere.parquet")
+    (tmp_path / "folder.parquet").mkdir()  # unreadable but not damaged (as a permission error): never "delete it"
+    with pytest.raises(OSError, match=r"folder\.parquet: cannot be read .*check its permissions") as info:
+        io.read_meta(tmp_path / "folder.parquet")
+    assert "delete" not in str(info.value)
     probe = tmp_path / "opt125m-whole.json"
     for text, why in (('{"model": "opt125m", ', "not a KV-cache probe's JSON"),
                       ("[1, 2]", "not a KV-cache probe's JSON"), ('{"status": "ok"}', "has no model"),
@@ -132,9 +138,15 @@ def test_targets_outside_the_configs_lengths_and_counts_are_refused(tmp_path: Pa
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "output length 999: input_len + output_len = 1511 tokens exceed engine.max_model_len 1024" in text
-    for target in ("replication/opt125m_r0.parquet", "runs/opt125m/tp3-out256-rateinf/bs4.requests.parquet"):
+    # 0 replicas, TP=3, and a second spelling of rate 10 (its point would be measured again in another folder)
+    for target in (
+        "replication/opt125m_r0.parquet",
+        "runs/opt125m/tp3-out256-rateinf/bs4.requests.parquet",
+        "runs/opt125m/tp1-out256-rate10.0/bs4.requests.parquet",
+    ):
         proc = snakemake(str(out / target), "-n", "--cores", "1", "--config", f"outdir={out}", "allow_cpu=True")
-        assert proc.returncode != 0 and "Job stats" not in proc.stdout, target  # no job for 0 replicas or TP=3
+        assert proc.returncode != 0 and "Job stats" not in proc.stdout, target
+        assert "MissingRuleException" in proc.stdout + proc.stderr, target
     # a numeric rate, in the config or a target's path, is a rate (it was refused as a string)
     rate = out / "runs/opt125m/tp1-out256-rate10/bs4.requests.parquet"
     proc = snakemake(str(rate), "-n", "--cores", "1", "--config", f"outdir={out}", "allow_cpu=True")

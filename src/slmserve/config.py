@@ -32,10 +32,15 @@ def parse_rate(value: float | int | str) -> float:
     return rate
 
 
+def number_label(value: float) -> str:
+    """A number as file names spell it: plain digits without a trailing ``.0`` (``10``, ``0.5``), never an
+    exponent; the one spelling the paths' wildcards accept, so that one value has one file."""
+    return format(Decimal(repr(float(value))).normalize(), "f")
+
+
 def rate_label(rate: float) -> str:
-    """How a rate appears in file names: ``inf`` or the number in plain digits (``10``, ``0.5``, never an
-    exponent, which the paths' ``rate`` wildcard does not match)."""
-    return "inf" if math.isinf(rate) else format(Decimal(repr(float(rate))).normalize(), "f")
+    """How a rate appears in file names: ``inf`` or :func:`number_label`."""
+    return "inf" if math.isinf(rate) else number_label(rate)
 
 
 def check_schema(config: Mapping[str, Any], schema_path: str | Path) -> None:
@@ -50,8 +55,8 @@ def check_schema(config: Mapping[str, Any], schema_path: str | Path) -> None:
         return
     key = ".".join(str(p) for p in error.absolute_path) or "(top level)"
     message, allowed = error.message, ""
-    if error.parent is not None and error.parent.validator in ("oneOf", "anyOf"):
-        # one branch's complaint ("not one of ['inf']") hides the others: say what the key takes
+    branches = error.parent is not None and error.parent.validator in ("oneOf", "anyOf")
+    if branches:  # one branch's complaint ("not one of ['inf']") hides the others: say what the key takes
         message = f"{error.instance!r} is not allowed: {error.parent.schema.get('description', 'see the schema')}"
     elif error.validator == "additionalProperties":
         allowed = f"; allowed keys here: {', '.join(sorted(error.schema.get('properties', {})))}"
@@ -61,7 +66,7 @@ def check_schema(config: Mapping[str, Any], schema_path: str | Path) -> None:
         allowed = "; list each value once (a repeat would be measured and counted twice)"
     elif "propertyNames" in error.schema_path:
         allowed = "; a name is letters, digits, '.', '_' and '-' (it becomes a folder name)"
-    if error.validator == "type" and isinstance(error.instance, str):
+    if (error.validator == "type" or branches) and isinstance(error.instance, str) and len(error.absolute_path) > 1:
         allowed += "; a nested key given with --config arrives as a string: set it in a --configfile"
     raise ConfigError(f"config key {key}: {message}{allowed} (schema: {schema_path})")
 

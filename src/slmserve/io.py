@@ -71,7 +71,10 @@ def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
     raw = (schema.metadata or {}).get(META_KEY)
     if raw is None:
         raise ValueError(f"{path}: no slmserve metadata; was it written by this workflow?")
-    return json.loads(raw)
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: its slmserve metadata is not JSON ({exc}); delete it and rerun its rule") from None
 
 
 def read_table(path: str | os.PathLike[str]) -> pl.DataFrame:
@@ -85,8 +88,10 @@ def _read(path: str | os.PathLike[str], reader: Callable[[Any], T]) -> T:
         return reader(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such file; rerun the rule that writes it") from None
-    except (OSError, pa.ArrowException, pl.exceptions.PolarsError) as exc:
+    except (pa.ArrowInvalid, pl.exceptions.ComputeError) as exc:
         raise ValueError(
             f"{path}: not a readable parquet file ({exc}); it is damaged or was cut short: delete it and rerun "
             "the rule that writes it"
         ) from None
+    except OSError as exc:  # permissions, a folder, a network filesystem: the file itself may be fine
+        raise OSError(exc.errno, f"{path}: cannot be read ({exc}); check its permissions and filesystem") from None

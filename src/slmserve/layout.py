@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slmserve.config import rate_label
+from slmserve.config import number_label, rate_label
 
 if TYPE_CHECKING:
     import altair as alt
@@ -73,10 +73,10 @@ WILDCARDS: dict[str, str] = {
     "model": r"[^/]+",
     "tp": r"1|2|4|8",  # the schema's tensor_parallel values
     "out": r"[1-9]\d*",
-    "rate": r"inf|\d+(\.\d+)?",
+    "rate": r"inf|(0|[1-9]\d*)(\.\d*[1-9])?",  # config.rate_label's one spelling: not 10.0 or 010
     "bs": r"[1-9]\d*",
     "n": r"[1-9]\d*",
-    "budget": r"whole|(?!0+(\.0+)?gb)\d+(\.\d+)?gb",  # not 0 GB
+    "budget": r"whole|(?!0gb)(0|[1-9]\d*)(\.\d*[1-9])?gb",  # number_label's spelling, not 0 GB
     "input_len": r"[1-9]\d*",
     "num_requests": r"[1-9]\d*",
     "experiment": "|".join(EXPERIMENTS),
@@ -145,7 +145,9 @@ class Layout:
 
     def capacity(self, model: str = "{model}", budget: str | float = "{budget}") -> str:
         """A KV-cache probe: ``budget`` is ``"whole"`` (the configured share of the GPU) or GB, as ``36gb``."""
-        return self.path("capacity", model=model, budget=budget if isinstance(budget, str) else f"{budget:g}gb")
+        return self.path(
+            "capacity", model=model, budget=budget if isinstance(budget, str) else f"{number_label(budget)}gb"
+        )
 
     def figure_stem(self, name: str) -> str:
         return f"{self.figdir}/{name}"

@@ -84,9 +84,7 @@ class SweepJob:
     telemetry_enabled: bool = True
     profile: str = "paper"
     engine_args: list[str] = field(default_factory=list)  # extra vLLM arguments of this model (config)
-    # False (a GPU profile, config key allow_cpu): no GPU in the job's pool fails the job instead of
-    # measuring the CPU engine, e.g. on a SLURM node without GPUs
-    allow_cpu: bool = True
+    allow_cpu: bool = True  # False (config allow_cpu): a job without GPUs fails rather than measure the CPU
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -454,7 +454,6 @@ def kill_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
             _signal_and_wait(proc, signal.SIGKILL, 10.0)
             proc.wait()
     except BaseException:
-        # a signal's Terminated can cut the grace period short: the group must not outlive it, and the
-        # caller releases the port next (later signals are ignored, so this wait is not cut short)
+        # a Terminated cut the grace short: the group must be gone before the caller frees its port
         _signal_and_wait(proc, signal.SIGKILL, 10.0)
         raise
