@@ -93,6 +93,8 @@ def model_workload(config: Mapping[str, Any], model: str) -> dict[str, Any]:
 
 def check(config: Mapping[str, Any], root: Path | None = None) -> None:
     """Raise :class:`ConfigError` for what the schema cannot check. ``root`` resolves relative paths."""
+    from slmserve.capacity import load_config
+
     root = root or Path.cwd()
     models = config.get("models", {})
     for key, name in _model_names(config):
@@ -109,7 +111,7 @@ def check(config: Mapping[str, Any], root: Path | None = None) -> None:
                 f"folder holding the model's config.json, or set models.{name}.weights"
             )
         try:  # read after the GPU jobs (Table 1, the advisor): a broken file must stop the plan, not them
-            json.loads((cfg_dir / "config.json").read_text())
+            load_config(cfg_dir)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(
                 f"config key models.{name}.config: {cfg_dir}/config.json is not valid JSON ({exc}); restore "

@@ -67,16 +67,18 @@ FIGURES: dict[str, Figure] = {
 # The experiments, one summary each: the figures' sources, in the order of FIGURES.
 EXPERIMENTS: tuple[str, ...] = tuple(dict.fromkeys(f.source for f in FIGURES.values()))
 
+# A number as config.number_label spells it, the only spelling a path takes: not 10.0 or 010.
+_NUMBER = r"(0|[1-9]\d*)(\.\d*[1-9])?"
 # Each wildcard's values (also the workflow's wildcard_constraints: a target outside them has no rule,
 # e.g. 0 replicas); a model key is any folder name here, the Snakefile narrows it to the config's models.
 WILDCARDS: dict[str, str] = {
     "model": r"[^/]+",
     "tp": r"1|2|4|8",  # the schema's tensor_parallel values
     "out": r"[1-9]\d*",
-    "rate": r"inf|(0|[1-9]\d*)(\.\d*[1-9])?",  # config.rate_label's one spelling: not 10.0 or 010
+    "rate": rf"inf|{_NUMBER}",
     "bs": r"[1-9]\d*",
     "n": r"[1-9]\d*",
-    "budget": r"whole|(?!0gb)(0|[1-9]\d*)(\.\d*[1-9])?gb",  # number_label's spelling, not 0 GB
+    "budget": rf"whole|(?!0gb){_NUMBER}gb",  # not 0 GB
     "input_len": r"[1-9]\d*",
     "num_requests": r"[1-9]\d*",
     "experiment": "|".join(EXPERIMENTS),

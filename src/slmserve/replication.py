@@ -24,10 +24,10 @@ from typing import Any
 import polars as pl
 
 from slmserve import analysis, capacity, layout, mps, nvml, provenance, telemetry
-from slmserve.gpuslots import Allocation, GpuSlots
+from slmserve.gpuslots import Allocation
 from slmserve.jobguard import guard
 from slmserve.measure import Measurement, batch_fits, header, measure, write_point, write_unmeasured
-from slmserve.runner import SweepJob, load_prompts, load_spec, server_spec, wants_repeat
+from slmserve.runner import SweepJob, job_gpus, load_prompts, load_spec, server_spec, wants_repeat
 from slmserve.server import InfeasibleError, ServerSpec, VllmServer
 
 log = logging.getLogger(__name__)
@@ -130,9 +130,8 @@ def run_advisor_plan(job: SweepJob, plan: AdvisorPlan, one_gpu_max: int, out: Pa
     with the run); a model without a plan is written as ``infeasible`` with the advisor's reason."""
     record = {"advisor": dict(advice) if advice is not None else None}
     if plan.replicas is None or plan.batch is None:
-        label = f"{job.model} advisor plan"
         # the job's GPU slot, though no server starts: the result names the GPU (and its model) it stands for
-        with guard([out], label), GpuSlots(1, label=label, allow_cpu=job.allow_cpu) as alloc:
+        with guard([out], f"{job.model} advisor plan"), job_gpus(job, "advisor plan", k=1) as alloc:
             run = _run_record(job, None, None, one_gpu_max, "advisor", start, use_mps, record)
             head = header(run, alloc.ids, alloc.nvml_indices)
             return write_unmeasured((out, layout.telemetry_path(out)), head, plan.why or "no plan")
@@ -165,7 +164,7 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *
     paths = (out, layout.telemetry_path(out))
     with guard([out], f"{job.model} x{replicas}"):
         prompts = load_prompts(job)
-        with GpuSlots(1, label=f"{job.model} x{replicas}", allow_cpu=job.allow_cpu) as alloc:
+        with job_gpus(job, f"x{replicas}", k=1) as alloc:
             # the batch (and with `together`, each replica's memory) came from the probe
             capacity.check_probe(probe, provenance.kind(alloc.nvml_indices))
             run = _run_record(job, replicas, batch, one_gpu_max, plan, start, use_mps, record)

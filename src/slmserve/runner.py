@@ -367,8 +367,10 @@ def _not_after_saved_repeats(points: Sequence[Point], why: str) -> None:
         )
 
 
-def _job_gpus(job: SweepJob, label: str) -> GpuSlots:
-    return GpuSlots(job.tensor_parallel, label=f"{job.model} {label}", allow_cpu=job.allow_cpu)
+def job_gpus(job: SweepJob, label: str, k: int | None = None) -> GpuSlots:
+    """The GPU slots of ``job`` (``k`` GPUs, by default its tensor-parallel size), refused where none are
+    free to take and the job may not run on the CPU (``job.allow_cpu``)."""
+    return GpuSlots(job.tensor_parallel if k is None else k, label=f"{job.model} {label}", allow_cpu=job.allow_cpu)
 
 
 def _check_gpus(job: SweepJob, alloc: Allocation) -> None:
@@ -392,7 +394,7 @@ def run_sweep(job: SweepJob) -> None:
     batches = sorted(job.batch_sizes)
     with guard([job.outputs[b][0] for b in batches], f"{job.model} sweep"):
         prompts = load_prompts(job)
-        with _job_gpus(job, f"tp{job.tensor_parallel}") as alloc:
+        with job_gpus(job, f"tp{job.tensor_parallel}") as alloc:
             _check_gpus(job, alloc)
             points = [Point(b, job, job.outputs[b]) for b in batches]
             for p in points:
@@ -419,7 +421,7 @@ def run_points(job: SweepJob, batch: int, points: dict[tuple[int, float], tuple[
     batch came from, must be of this job's kind of GPU (:func:`slmserve.capacity.check_probe`)."""
     with guard([paths[0] for paths in points.values()], f"{job.model} points"):
         prompts = load_prompts(job)
-        with _job_gpus(job, "points") as alloc:
+        with job_gpus(job, "points") as alloc:
             _check_gpus(job, alloc)
             capacity.check_probe(probe, provenance.kind(alloc.nvml_indices))
             todo = []
@@ -440,7 +442,7 @@ def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[st
     and record vLLM's KV-cache capacity and the largest batch that fits it by each rule (Table 1)."""
     with guard([out], f"{job.model} kv-probe"):
         job.memory_budget_gb = budget_gb
-        with _job_gpus(job, "kv-probe") as alloc:
+        with job_gpus(job, "kv-probe") as alloc:
             spec = server_spec(job, alloc, capacity.BATCH_CAP, f"probe-{budget_gb or 'whole'}")
             result: dict[str, Any] = {"model": job.model, "budget_gb": budget_gb, "status": "ok", "reason": None}
             try:
