@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import polars as pl
 import pytest
 
-from slmserve import analysis, calibration
+from slmserve import analysis, calibration, stats
 from slmserve.machine import machine_id, slug
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +85,8 @@ def test_table_of_two_machines(tmp_path: Path) -> None:
     md = calibration.to_markdown(frame)
     assert "| h100-80gb-hbm3-0000aaaa | NVIDIA H100 80GB HBM3 (580.159.04) | Intel(R) Xeon(R) Processor (16) |" in md
     assert f"{r['throughput_rps']:.1f} [{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] | 3 |" in md
-    assert "- opt1.3b on NVIDIA H100 80GB HBM3: 2 machines" in md and "(highest / lowest 1.000)" in md
+    assert "- opt1.3b on NVIDIA H100 80GB HBM3: 2 machines" in md and "(highest / lowest 1.000 [" in md
+    assert "], not resolved)" in md and '"resolved" where the CI excludes 1' in md
     one = calibration.to_markdown(frame.head(1))
     assert "No model has been calibrated on two machines of one GPU model yet" in one
     # a third machine of another GPU model is no part of the H100s' spread, nor a spread of its own
@@ -95,6 +96,22 @@ def test_table_of_two_machines(tmp_path: Path) -> None:
     assert calibration.spread(mixed).select("gpu_model", "machines", "ratio").rows() == [
         ("NVIDIA H100 80GB HBM3", 2, pytest.approx(1.0))]  # fmt: skip
     assert "each line above is one GPU model's" in calibration.to_markdown(mixed)
+
+
+def test_the_spread_between_machines_carries_the_ci_of_its_two_machines() -> None:
+    """Highest over lowest machine mean, with the delta-method CI of those two: 3 machines of one GPU, the
+    middle one left out of the ratio; a machine with one repeat gives no CI."""
+    frame = pl.DataFrame({"model": ["m"] * 3, "gpu_model": ["G"] * 3, "n": [3, 3, 3],
+                          "throughput_rps": [150.9, 115.9, 140.0], "throughput_rps_sd": [20.0, 15.0, 1.0]})  # fmt: skip
+    r = calibration.spread(frame).row(0, named=True)
+    want = stats.ratio_ci_of({"n": 3, "mean": 150.9, "sd": 20.0}, {"n": 3, "mean": 115.9, "sd": 15.0})
+    assert r["machines"] == 3 and r["ratio"] == pytest.approx(150.9 / 115.9)
+    assert (r["ratio_ci_lo"], r["ratio_ci_hi"]) == (pytest.approx(want["ci_lo"]), pytest.approx(want["ci_hi"]))
+    assert want["ci_lo"] < 1 and calibration._ratio(r).endswith("], not resolved")
+    tight = calibration.spread(frame.with_columns(throughput_rps_sd=pl.lit(1.0))).row(0, named=True)
+    assert tight["ratio_ci_lo"] > 1 and calibration._ratio(tight).endswith("], resolved")
+    single = calibration.spread(frame.with_columns(n=pl.Series([1, 3, 3]))).row(0, named=True)
+    assert single["ratio_ci_lo"] is None and calibration._ratio(single) == "1.302, no CI (a machine with one repeat)"
 
 
 def test_table_names_a_file_that_is_not_a_calibration_point(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from snakemake.utils import update_config, validate
 
 from slmserve.config import ConfigError, check, model_workload, parse_rate, rate_label
 from slmserve.layout import EXPERIMENTS, FIGURES
+from slmserve.server import ServerSpec
 from tests.conftest import ROOT, snakemake
 
 SCHEMA = str(ROOT / "config/schemas/config.schema.yaml")
@@ -75,6 +76,7 @@ def test_every_schema_key_has_description_and_default() -> None:
         ),
         (lambda c: c["workload"].__setitem__("input_len", 0), r"0 is less than the minimum of 1"),
         (lambda c: c.__setitem__("bogus", 1), r"Additional properties are not allowed \('bogus'"),
+        (lambda c: c.__setitem__("profile", "my run/1"), r"'my run/1' does not match"),  # a path-safe name
         (
             lambda c: c["models"]["opt13b"].__setitem__("workload", {"rounds": 8}),
             r"Additional properties are not allowed \('rounds'",
@@ -87,6 +89,12 @@ def test_schema_violations_name_key_and_allowed(cfg: dict, mutate, pattern: str)
     with pytest.raises(Exception, match=pattern) as info:
         validate(cfg, SCHEMA)
     assert "On instance" in str(info.value)  # names where in the config
+
+
+def test_a_config_of_ones_own_names_its_own_profile(cfg: dict) -> None:
+    cfg["profile"] = "a100-80gb-lab"
+    validate(cfg, SCHEMA)
+    check(cfg, ROOT)
 
 
 def test_unknown_model_names_key_and_allowed_values(cfg: dict) -> None:
@@ -107,6 +115,23 @@ def test_missing_model_config_folder(cfg: dict, tmp_path: Path) -> None:
         check(cfg, ROOT)
     cfg["models"]["opt125m"]["weights"] = "facebook/opt-125m"
     check(cfg, ROOT)  # real weights named: no config folder needed
+
+
+def test_engine_args_may_not_set_what_every_server_gets_from_slmserve(cfg: dict) -> None:
+    """vLLM's parser takes the last value given: `--host 0.0.0.0` in a model's engine_args would open its
+    server beyond the host, `--port` collide between jobs, `--max-num-seqs` undo the batch."""
+    for args, named in (([ "--host", "0.0.0.0"], "--host"), (["--port=8000"], "--port=8000"),
+                        (["--enforce-eager", "--max-num-seqs", "8"], "--max-num-seqs")):  # fmt: skip
+        cfg["models"]["opt125m"]["engine_args"] = args
+        validate(cfg, SCHEMA)
+        with pytest.raises(ConfigError, match=rf"models\.opt125m\.engine_args: {named} is set by slmserve"):
+            check(cfg, ROOT)
+    cfg["models"]["opt125m"]["engine_args"] = ["--enforce-eager", "--attention-backend", "TRITON_ATTN"]
+    check(cfg, ROOT)
+    spec = ServerSpec(model="m", served_name="m", log_path=Path("x.log"), max_num_seqs=8, max_model_len=64,
+                      extra_args=("--host", "0.0.0.0"))  # fmt: skip
+    with pytest.raises(ValueError, match="extra vLLM arguments --host: slmserve sets these itself"):
+        spec.argv(1234)
 
 
 def test_a_models_own_request_counts_override_the_workload_and_nothing_else(cfg: dict) -> None:

@@ -182,7 +182,47 @@ def test_a_latency_interval_below_zero_leaves_the_log_axis_intact() -> None:
     assert "reaches zero or below" not in cap
 
 
+ENERGY = ("energy_per_token_j",)
+
+
+def test_an_energy_interval_below_zero_leaves_the_log_axis_intact() -> None:
+    """Two repeats of 1.0 and 1.5 J give the CI [-1.93, 4.43]: drawn on the energy figure's log axis, that one
+    bar pushed every point to the top edge and dropped the axis."""
+    rows = with_repeats(frame([run("opt125m", b) for b in (1, 2, 4)]), 2, ENERGY)
+    rows = rows.with_columns(energy_per_token_j_ci_lo=pl.when(pl.col("batch_size") == 2).then(-1.93)
+                             .otherwise(pl.col("energy_per_token_j_ci_lo")))  # fmt: skip
+    chart, cap = figures.energy_per_token(rows)
+    errors = chart.to_dict()["layer"][2]
+    assert errors["mark"]["type"] == "rule"
+    assert errors["transform"][-1] == {"filter": "isValid(datum.lo) && datum.lo > 0"}
+    assert "CI of energy per token reaches zero or below at OPT-125M b=2 (n = 2): the log axis cannot draw it" in cap
+    _, cap = figures.energy_per_token(with_repeats(frame([run("opt125m", b) for b in (1, 2)]), 2, ENERGY))
+    assert "reaches zero or below" not in cap
+
+
 def test_preemption_means_are_rounded_to_one_decimal() -> None:
-    runs = pl.DataFrame({"model": ["a", "b", "c"], "preemptions": [209 / 3, 118.0, 0.0]})
+    runs = pl.DataFrame({"model": ["a", "b", "c"], "preemptions": [209 / 3, 118.0, 0.0],
+                         "preemptions_measured_only": [True] * 3})  # fmt: skip
     note = figures._preemption_note(runs, name=lambda r: r["model"])
     assert note == "Preemptions (vLLM's counter, mean over repeats) at 2 of 3 plotted points: a: 69.7; b: 118."
+
+
+def test_counts_that_include_the_warmup_are_named_upper_bounds() -> None:
+    """Results written before the counters were read after the warm-up (flag false, or no flag in the
+    summary) give at most the measured requests' count; a 0 stays exact and needs no warning."""
+    runs = pl.DataFrame({"model": ["a", "b", "c"], "preemptions": [7.0, 118.0, 0.0],
+                         "preemptions_measured_only": [True, False, False]})  # fmt: skip
+    note = figures._preemption_note(runs, name=lambda r: r["model"])
+    assert note == (
+        "Preemptions (vLLM's counter, mean over repeats) at 2 of 3 plotted points: a: 7; b: 118. Counted with the "
+        "warm-up's requests at 1 of them (results written before 2026-11-29 read vLLM's counter before the "
+        "warm-up): at most, not exactly, the measured requests' count."
+    )
+    note = figures._preemption_note(runs.drop("preemptions_measured_only"), name=lambda r: r["model"])
+    assert "Counted with the warm-up's requests at 2 of them" in note
+
+
+def test_power_rule_warns_of_counts_with_the_warmup(sweep3: pl.DataFrame) -> None:
+    old = sweep3.with_columns(preemptions_measured_only=pl.col("batch_size") != 256)
+    assert "(12 preemptions). Counted with the warm-up's requests at 1 of them" in figures.power(old)[1]
+    assert "Counted with the warm-up" not in figures.power(sweep3)[1]

@@ -48,7 +48,7 @@ def run(model: str, batch: int, *, tp: int = 1, out: int = 256, rate: float = IN
     row.update(
         n_ok=500, throughput_rps=batch / (1 + size) / tp ** 0.5, output_tok_s=batch * out / (1 + size),
         latency_mean_s=10 + batch / 10 + out / 100, latency_p50_s=10.0, latency_p99_s=20.0, ttft_mean_s=0.5,
-        tpot_mean_s=0.02, preemptions=preemptions,
+        tpot_mean_s=0.02, preemptions=preemptions, preemptions_measured_only=True,
         sm_active_mean=10 + math.log2(batch), sm_active_max=min(100.0, 50 + 5 * math.log2(batch)),
         sm_occupancy_mean=5 + math.log2(batch), sm_occupancy_max=20 + math.log2(batch),
         dram_bw_mean=30 + 4 * math.log2(batch), dram_bw_max=60 + 4 * math.log2(batch), tensor_active_mean=3.0,
@@ -255,6 +255,11 @@ def test_output_lengths_shows_the_effective_batch(outlen_summary: pl.DataFrame) 
     )
     no_eff = figures.output_lengths(outlen_summary.drop("effective_batch"))[1]
     assert "Effective batch: not recorded in this summary (right panel empty)." in no_eff
+    # how many gauge samples (1 Hz) a point's average rests on: a short run has few
+    counted = outlen_summary.with_columns(gauge_samples=pl.when(pl.col("output_len") == 32).then(1).otherwise(12))
+    cap = figures.output_lengths(counted)[1]
+    assert "32 tokens at inf req/s: 64.0 (1 sample); 64 tokens at inf req/s: 64.0 (12 samples);" in cap
+    assert "in brackets the fewest gauge samples a repeat averaged" in cap
 
 
 def test_sm_metrics_panels(sweep: pl.DataFrame) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -25,3 +26,21 @@ def test_results_get_a_plain_files_mode_not_mkstemps(tmp_path: Path, monkeypatch
     assert io.read_meta(tmp_path / "a.parquet") == {"k": 1}
     assert pl.read_parquet(tmp_path / "a.parquet")["x"].to_list() == [1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet", "b.json"]  # no temporary file left
+
+
+def test_a_folder_removed_by_another_job_before_the_write_is_made_again(tmp_path: Path, monkeypatch) -> None:
+    """Another job empties and removes a shared ``.partial/`` (journal.discard_saved) between this write's
+    mkdir and its temporary file: the write makes the folder again instead of failing after the measurement."""
+    real = tempfile.mkstemp
+    removed: list[Path] = []
+
+    def racing(*a: object, **kw: object) -> tuple[int, str]:
+        if not removed:  # the other job's rmdir lands just before the first temporary file
+            folder = Path(str(kw["dir"]))
+            folder.rmdir()
+            removed.append(folder)
+        return real(*a, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(tempfile, "mkstemp", racing)
+    io.write_parquet(pl.DataFrame({"x": [1]}), tmp_path / ".partial" / "a.parquet", {"k": 1})
+    assert removed == [tmp_path / ".partial"] and io.read_meta(tmp_path / ".partial" / "a.parquet") == {"k": 1}

@@ -258,3 +258,35 @@ def test_a_repeat_without_a_machine_of_its_own_is_the_files(tmp_path: Path) -> N
     assert [r["machine"] for r in rows] == ["h200-aaaa", "h200-bbbb"]
     io.write_parquet(pl.DataFrame({"repeat": [0]}), path, {**meta, "provenance": {}, "repeats": [{"repeat": 0}]})
     assert [r["machine"] for r in analysis.repeat_rows(path, lambda m, p, models: {}, lambda r, e, t: {})] == [None]
+
+
+def test_discarding_leaves_a_folder_another_job_is_saving_into(tmp_path: Path, monkeypatch) -> None:
+    """Two jobs share a folder (replication/, calibration/<machine>/): when one discards its saved repeats,
+    a repeat the other saves meanwhile keeps ``.partial/``, and neither job fails."""
+    job = _job(tmp_path)
+    p, q = _points(tmp_path, job)
+    Journal("m").save(p.paths, p.meta_run(), 0, stand_in_measurement(1, 0))
+    real = Path.rmdir
+
+    def other_job_saves_first(self: Path) -> None:  # the other job's file lands after any emptiness check
+        Journal("m").save(q.paths, q.meta_run(), 0, stand_in_measurement(8, 0))
+        real(self)
+
+    monkeypatch.setattr(Path, "rmdir", other_job_saves_first)
+    assert [f.name for f in journal.discard_saved(p.paths)] == ["bs1.r0.requests.parquet", "bs1.r0.telemetry.parquet"]
+    assert journal.partial_paths(q.paths, 0)[0].exists()
+
+
+def test_repeats_resume_only_on_a_server_of_the_same_batch_limit(tmp_path: Path) -> None:
+    """One server per sweep (scheduler, client): its --max-num-seqs is the largest batch of the config, so
+    adding b=512 changes the server that measures b=8, and b=8's saved repeats must not resume on it. A
+    server per batch (restart) measures b=8 the same whatever the other batches are."""
+
+    def key(mode: str, batches: list[int]) -> str:
+        job = _job(tmp_path, batch_sizes=batches, batch_control=mode)
+        return journal.settings_key(runner.Point(8, job, (tmp_path / "a", tmp_path / "b")).meta_run())
+
+    for mode in ("scheduler", "client"):
+        assert key(mode, [1, 8, 256]) != key(mode, [1, 8, 256, 512])
+        assert key(mode, [1, 8, 256]) == key(mode, [8, 256])
+    assert key("restart", [1, 8, 256]) == key("restart", [1, 8, 256, 512])

@@ -324,6 +324,40 @@ def test_warmup_not_in_records(standin: type[StandInCompletionsServer]) -> None:
     assert len(res.records) == 5 and sorted(df["request_id"].to_list()) == spec.request_ids
 
 
+def test_on_measure_runs_between_the_warmup_and_the_measured_requests(
+    standin: type[StandInCompletionsServer],
+) -> None:
+    srv = standin()
+    seen: list[int] = []
+    res = run_load(_spec(srv.base_url, 5, warmup=3, output_len=4), on_measure=lambda: seen.append(srv.n_requests))
+    assert seen == [3] and srv.n_requests == 8 and res.n_ok == 5
+
+
+def test_the_counters_of_a_repeat_leave_out_its_warmup(standin: type[StandInCompletionsServer]) -> None:
+    """measure's ``server_counters`` span the measured requests only: the server here counts the requests
+    it received as its counter."""
+    from slmserve import measure
+
+    srv = standin()
+
+    class Server:  # the parts of VllmServer that measure() uses, over the stand-in
+        base_url = srv.base_url
+
+        def counters(self) -> dict[str, float]:
+            return {"vllm:request_success_total": float(srv.n_requests)}
+
+        def info(self) -> dict[str, Any]:
+            return {}
+
+        def alive(self) -> bool:
+            return True
+
+    m = measure.measure([Server()], [_spec(srv.base_url, 5, warmup=3, output_len=4)], [],  # type: ignore[list-item]
+                        interval_s=1.0, sample=False, where="stand-in")  # fmt: skip
+    assert m.meta["server_counters"] == [{"vllm:request_success_total": 5.0}]
+    assert m.meta["counters_after_warmup"] is True and srv.n_requests == 8
+
+
 def test_poisson_arrivals(standin: type[StandInCompletionsServer]) -> None:
     srv = standin(token_delay_s=0.001)
     spec = _spec(srv.base_url, 20, rate=100.0, seed=3, output_len=4)

@@ -39,13 +39,16 @@ def with_repeats(src: Path, out: Path, changes: list[Change]) -> Path:
     return out
 
 
-def sm_and_counter(sm: float, preemptions: float | None) -> Change:
+def sm_and_counter(sm: float, preemptions: float | None, after_warmup: bool = True) -> Change:
     """A repeat whose SM activity is ``sm`` % at every sample and whose vLLM counter read gave ``preemptions``
-    (None: the /metrics read failed, enginemetrics.counter_delta)."""
+    (None: the /metrics read failed, enginemetrics.counter_delta), read after the warm-up or (as before
+    2026-11-29) before it."""
 
     def change(req: pl.DataFrame, tel: pl.DataFrame, rep: dict[str, Any]) -> Any:
         counters = None if preemptions is None else {"vllm:num_preemptions_total": preemptions}
-        return req, tel.with_columns(sm_active_pct=pl.lit(sm)), {**rep, "server_counters": [counters]}
+        rep = {k: v for k, v in rep.items() if k != "counters_after_warmup"}
+        rep = {**rep, "server_counters": [counters], **({"counters_after_warmup": True} if after_warmup else {})}
+        return req, tel.with_columns(sm_active_pct=pl.lit(sm)), rep
 
     return change
 
@@ -75,6 +78,30 @@ def test_preemptions_unknown_in_one_repeat_leave_the_point_unknown(tmp_path: Pat
     assert [r["preemptions"] for r in analysis.summarize_repeats(unknown)] == [0.0, None, 0.0]
     assert analysis.summarize_run(known)["preemptions"] == pytest.approx(2.0)
     assert analysis.summarize_run(unknown)["preemptions"] is None
+
+
+def test_a_point_counts_preemptions_of_its_measured_requests_only_if_every_repeat_did(tmp_path: Path) -> None:
+    src = write_run(tmp_path, 4)
+    new = with_repeats(src, tmp_path / "new.requests.parquet", [sm_and_counter(50, 1.0) for _ in range(3)])
+    mixed = with_repeats(src, tmp_path / "mixed.requests.parquet",
+                         [sm_and_counter(50, 1.0, after_warmup=i != 1) for i in range(3)])  # fmt: skip
+    assert [r["preemptions_measured_only"] for r in analysis.summarize_repeats(mixed)] == [True, False, True]
+    assert analysis.summarize_run(new)["preemptions_measured_only"] is True
+    assert analysis.summarize_run(mixed)["preemptions_measured_only"] is False
+
+
+def test_a_point_reports_the_fewest_gauge_samples_behind_its_effective_batch(tmp_path: Path) -> None:
+    def engine(batch: float, samples: int) -> Change:
+        def change(req: pl.DataFrame, tel: pl.DataFrame, rep: dict[str, Any]) -> Any:
+            return req, tel, {**rep, "engine": [{"effective_batch": batch, "gauge_samples": samples}]}
+
+        return change
+
+    src = write_run(tmp_path, 4)
+    path = with_repeats(src, tmp_path / "g.requests.parquet", [engine(4.0, 9), engine(3.0, 2), engine(2.0, 5)])
+    assert [r["gauge_samples"] for r in analysis.summarize_repeats(path)] == [9, 2, 5]
+    row = analysis.summarize_run(path)
+    assert row["gauge_samples"] == 2 and row["effective_batch"] == pytest.approx(3.0)
 
 
 @pytest.fixture

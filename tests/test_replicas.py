@@ -225,8 +225,16 @@ def test_a_replication_summary_names_the_gpus_its_run_held(tmp_path: Path, monke
     assert replication.summarize_runs([out])["gpu_ids"].to_list() == ["1"]
 
 
-def test_a_replica_without_a_preemption_count_makes_the_runs_count_unknown() -> None:
+def test_a_replica_without_a_count_makes_the_runs_sum_unknown() -> None:
     count = "vllm:num_preemptions_total"
     assert replication._preemptions({"server_counters": [{count: 2.0}, {count: 3.0}]}) == 5.0
     assert replication._preemptions({"server_counters": [{count: 2.0}, None]}) is None  # a failed /metrics read
     assert replication._preemptions({"server_counters": [{count: 2.0}, {}]}) is None
+    # the effective batch likewise: a replica without one leaves the sum unknown, not counted as 0
+    a, b = {"effective_batch": 40.0, "gauge_samples": 9}, {"effective_batch": 2.5, "gauge_samples": 7}
+    assert replication._effective_batch({"engine": [a, b]}) == {"effective_batch": 42.5, "gauge_samples": 7}
+    unknown = {"effective_batch": None, "gauge_samples": None}
+    assert replication._effective_batch({"engine": [a, {"effective_batch": None, "gauge_samples": 0}]}) == {
+        "effective_batch": None, "gauge_samples": 0}  # fmt: skip
+    assert replication._effective_batch({"engine": [a, None]}) == unknown
+    assert replication._effective_batch({}) == unknown

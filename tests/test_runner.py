@@ -97,6 +97,34 @@ def test_a_kv_probe_of_an_unsupported_model_is_a_result(tmp_path: Path, monkeypa
         runner.max_batch_from_probe(other, "admission")  # another engine's "unsupported" is not this one's
 
 
+def test_a_kv_probe_whose_budget_exceeds_the_gpu_is_recorded_infeasible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Table 1's 36 GB probe on a 24 GB GPU: the memory settings refuse it before any start; that is a result
+    (as a sweep records it), not a failed job."""
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    refused = "memory budget 36.0 GB exceeds the GPU's 24.0 GB"
+
+    def too_small(job: runner.SweepJob, alloc: object) -> dict[str, object]:
+        raise InfeasibleError(refused)
+
+    monkeypatch.setattr(runner, "memory_settings", too_small)
+    monkeypatch.setattr(runner, "VllmServer", StandInUnsupportedServer)
+    StandInUnsupportedServer.starts = 0
+    job = runner.SweepJob(
+        model="opt13b", model_path="config/models/opt-13b", load_format="dummy", tensor_parallel=1,
+        batch_sizes=[512], prompts_path=Path("-"), outputs={}, log_dir=tmp_path, input_len=512, output_len=256,
+        num_requests=1,
+    )  # fmt: skip
+    out = tmp_path / "opt13b-36gb.json"
+    runner.probe_capacity(job, 36.0, out)
+    on_disk = capacity.read_probe(out)
+    assert on_disk["status"] == "infeasible" and on_disk["reason"] == refused and StandInUnsupportedServer.starts == 0
+    assert on_disk["kv_cache_tokens"] == 0 and on_disk["gpu_memory_utilization"] is None
+    assert on_disk["provenance"]["config_hash"]
+
+
 def test_an_unsupported_probe_of_another_gpu_model_is_not_this_hosts_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,6 +3,7 @@ failures, infeasible memory shares, health waiting and the process-group stop.""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -258,8 +259,7 @@ def test_sigterm_in_main_thread_unwinds_and_stops(stand_in) -> None:
             time.sleep(5)
         assert all(gone(p) for p in pids_of(pids))
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        restore_signals()
 
 
 @pytest.mark.parametrize(
@@ -377,6 +377,44 @@ def test_failed_requests_on_a_live_server_are_named_with_the_first_error(
             measure.check_load(srv, None, "of replica 1")  # the load was cancelled: the server died
 
 
+def restore_signals() -> None:
+    """Python's own handlers again, after a test of server.install_signal_handlers."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def test_a_closed_terminal_stops_the_job_as_sigterm_does() -> None:
+    """SIGHUP (the terminal of a Snakemake run closed) raises Terminated: without it the job died by the
+    default action, no cleanup ran, and a server ignoring SIGTERM outlived it with the GPU's lock released."""
+    server.install_signal_handlers()
+    try:
+        with pytest.raises(server.Terminated, match="SIGHUP"):
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(5)
+        assert server.terminating()
+    finally:
+        restore_signals()
+
+
+def test_a_signal_that_lands_in_an_event_loop_callback_reaches_the_job() -> None:
+    """A signal's handler runs wherever the main thread is; inside asyncio's callbacks (a socket read of the
+    load generator) asyncio turned any BaseException but KeyboardInterrupt and SystemExit into an error of
+    that one request: the Terminated was lost and every later signal ignored (2 of 20 loads of a SIGTERM
+    stress run)."""
+    server.install_signal_handlers()
+    try:
+
+        async def load() -> None:
+            asyncio.get_running_loop().call_soon(signal.getsignal(signal.SIGTERM), signal.SIGTERM, None)
+            await asyncio.sleep(1.0)
+
+        with pytest.raises(server.Terminated, match="SIGTERM"):
+            asyncio.run(load())
+    finally:
+        restore_signals()
+
+
 def test_interrupt_while_the_server_starts_cleans_up_within_seconds(stand_in) -> None:
     """Ctrl-C during a start that ignores SIGTERM: the server group is killed after a short grace, so the
     job is gone well within 15 s (before: 20 s of SIGTERM grace first)."""
@@ -391,8 +429,7 @@ def test_interrupt_while_the_server_starts_cleans_up_within_seconds(stand_in) ->
         assert all(gone(p) for p in pids_of(pids))
         assert took < spec.stop_timeout_starting_s + 5, took
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        restore_signals()
 
 
 def test_scheduler_class_is_named_on_the_command_line() -> None:
@@ -417,8 +454,7 @@ def test_a_signal_during_the_grace_period_still_kills_the_server(stand_in) -> No
             time.sleep(0.05)
         assert all(gone(p) for p in pids_of(pids))
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        restore_signals()
 
 
 def test_the_port_is_released_only_after_a_killed_server_is_reaped(stand_in, monkeypatch) -> None:
@@ -439,8 +475,7 @@ def test_the_port_is_released_only_after_a_killed_server_is_reaped(stand_in, mon
         with pytest.raises(server.Terminated, match="SIGTERM"), VllmServer(spec):
             threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()  # lands in the 3 s grace period
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        restore_signals()
     assert seen == [True]
 
 
@@ -479,5 +514,4 @@ def test_a_second_signal_does_not_interrupt_the_cleanup(stand_in) -> None:
         assert all(gone(p) for p in pids_of(pids))
     finally:
         server.kill_group = real_kill
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        restore_signals()

@@ -24,6 +24,18 @@ def test_describe_is_the_student_t_interval() -> None:
     assert stats.describe([])["n"] == 0
 
 
+def test_a_value_that_is_not_finite_stops_the_summary_naming_the_point_and_metric() -> None:
+    """A NaN left out of the interval but kept in the mean gave a point whose mean and CI came from different
+    samples (repeats 10, 11, NaN: mean NaN, CI [4.15, 16.85] over two)."""
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError, match=r"value (nan|inf) at position 2 of 3 non-null values is not finite"):
+            stats.describe([10.0, None, 11.0, bad])
+    rows = pl.DataFrame({"path": ["runs/x/bs4.requests.parquet"] * 3, "repeat": [0, 1, 2],
+                         "throughput_rps": [10.0, 11.0, math.nan]})  # fmt: skip
+    with pytest.raises(ValueError, match=r"^runs/x/bs4.requests.parquet: throughput_rps: value nan at position 2"):
+        analysis.points(rows)
+
+
 def test_ratio_ci_brackets_the_ratio_and_narrows_with_agreement() -> None:
     r = stats.ratio_ci([100.0, 102.0, 98.0], [50.0, 51.0, 49.0])
     assert r["ratio"] == pytest.approx(2.0) and r["ci_lo"] < 2.0 < r["ci_hi"]

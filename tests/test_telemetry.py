@@ -527,3 +527,14 @@ def test_summarize_host_only_and_empty_window() -> None:
     empty = summarize(_frame(rows), 10.0, 20.0)
     assert empty["n_samples"] == 0 and empty["cpu_util_mean"] is None and empty["energy_j"] is None
     assert summarize(empty_frame(), 0.0, 1.0)["n_samples"] == 0
+
+
+def test_mean_power_is_exactly_rounded_so_a_replot_writes_the_same_bytes() -> None:
+    """The mean power of a window is an exactly rounded sum (math.fsum) over the GPU's samples: the same
+    value whatever order a parallel sum takes them in (polars' mean of a 10,578-sample window changed in its
+    last digits between two re-plots of unchanged results). Samples whose naive sum loses the small terms:"""
+    powers = [1e16, 1.0, -1e16, 1.0, 3.0, 1e16, -1e16, 2.0]
+    rows = [_gpu_row(float(t), 0, power_w=p) for t, p in enumerate(powers)]
+    rows += [_gpu_row(float(t), 1, power_w=10.0) for t in range(len(powers))]
+    s = summarize(_frame(rows), 0.0, float(len(powers)))
+    assert s["power_w_mean_per_gpu"] == (7.0 / 8 + 10.0) / 2 and s["power_w_mean"] == 7.0 / 8 + 10.0

@@ -29,12 +29,14 @@ _SORT = ("model", "tp", "output_len", "arrival_rate", "batch_size", "replicas")
 _F, _I, _B = pl.Float64(), pl.Int64(), pl.Boolean()
 METRICS: dict[str, pl.DataType] = {
     "n_ok": _I, "throughput_rps": _F, "output_tok_s": _F, "latency_mean_s": _F, "preemptions": _F,
+    "preemptions_measured_only": _B,
     "sm_active_mean": _F, "sm_active_max": _F, "sm_occupancy_mean": _F, "sm_occupancy_max": _F,
     "dram_bw_mean": _F, "dram_bw_max": _F, "tensor_active_mean": _F, "tensor_active_max": _F, "gpu_util_mean": _F,
     "gpu_util_max": _F, "sm_clock_mhz_mean": _F, "sm_clock_mhz_max": _F, "power_w_mean": _F,
     "power_w_mean_per_gpu": _F, "energy_j": _F, "mem_used_mb_max": _F, "cpu_util_mean": _F, "n_samples": _I,
     "n_gpus": _I, "nvml_ok": _B, "gpm_ok": _B, "energy_per_token_j": _F, "energy_window_s": _F,
-    "energy_samples": _I, "energy_window_ok": _B, "effective_batch": _F, "beside": pl.String(), "n_beside": _I,
+    "energy_samples": _I, "energy_window_ok": _B, "effective_batch": _F, "gauge_samples": _I, "beside": pl.String(),
+    "n_beside": _I,
 }  # fmt: skip
 RUN_METRICS: dict[str, pl.DataType] = {
     "n_error": _I, "window_start_s": _F, "window_end_s": _F, "duration_s": _F, "output_tokens": _I,
@@ -179,6 +181,13 @@ def _repeat_shas(meta: Mapping[str, Any]) -> str | None:
     return ",".join(sorted(s for s in shas if s)) or None
 
 
+def measured_only(rep: Mapping[str, Any]) -> bool:
+    """Whether a repeat's server counters (``preemptions``) span its measured requests only; a repeat written
+    before 2026-11-29 read them before its warm-up, so its count includes the warm-up's requests (an upper
+    bound of the measured requests' count; a 0 is still 0)."""
+    return rep.get("counters_after_warmup") is True
+
+
 def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame) -> dict[str, Any]:
     """Request, client, engine and telemetry metrics of one repeat of a point on one server."""
     row = request_metrics(req)
@@ -189,7 +198,9 @@ def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame
         lag_p99_s=load.get("lag_p99_s"),
         client_cpu_frac=load.get("client_cpu_frac"),
         preemptions=((rep.get("server_counters") or [{}])[0] or {}).get("vllm:num_preemptions_total"),
+        preemptions_measured_only=measured_only(rep),
         effective_batch=engine.get("effective_batch"),
+        gauge_samples=engine.get("gauge_samples"),
         running_max=engine.get("running_max"),
         beside=beside_text(rep),
         client_ok=bool(
@@ -294,7 +305,8 @@ CI_METRICS = (
     "ttft_mean_s", "tpot_mean_s", "power_w_mean", "energy_per_token_j", "gpu_util_mean", "sm_active_mean",
     "sm_active_max", "sm_occupancy_mean", "sm_occupancy_max", "dram_bw_mean", "dram_bw_max", "effective_batch",
 )  # fmt: skip
-_WORST_LOW = ("n_ok", "peak_inflight", "n_samples")  # per-repeat counts: the point reports the smallest
+# per-repeat counts: the point reports the smallest
+_WORST_LOW = ("n_ok", "peak_inflight", "n_samples", "gauge_samples")
 # Known only where every repeat has it: a mean over the repeats with a value would read as the point's count.
 _EVERY_REPEAT = ("preemptions",)
 
@@ -361,7 +373,10 @@ def points(repeats: pl.DataFrame) -> pl.DataFrame:
         row: dict[str, Any] = {}
         for m in CI_METRICS:
             if m in group.columns:
-                d = stats.describe(group[m].to_list())
+                try:
+                    d = stats.describe(group[m].to_list())
+                except ValueError as exc:
+                    raise ValueError(f"{path}: {m}: {exc}") from None
                 row.update({f"{m}_n": d["n"], f"{m}_sd": d["sd"], f"{m}_ci_lo": d["ci_lo"], f"{m}_ci_hi": d["ci_hi"]})
         if "beside" in group.columns:
             row.update(beside_of(group["beside"].to_list()))

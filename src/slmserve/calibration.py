@@ -8,8 +8,8 @@ engine version, batch, ``n`` repeats and the system throughput (req/s) as mean, 
 CI (:func:`slmserve.stats.describe` over the repeats of :func:`slmserve.analysis.summarize_repeats`), the
 repeats it measured beside other GPU jobs of the host (``n_beside``, ``beside``:
 :func:`slmserve.analysis.beside_of`), and when it was measured. :func:`spread`: per model and GPU model, the
-ratio of the largest machine mean to the smallest (no claim without 2 machines of one GPU model: an H200
-beside H100s is another GPU, not a faster machine).
+ratio of the largest machine mean to the smallest with its 95% CI (no claim without 2 machines of one GPU
+model: an H200 beside H100s is another GPU, not a faster machine).
 """
 
 from __future__ import annotations
@@ -57,19 +57,33 @@ def table(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
 
 
 def spread(frame: pl.DataFrame) -> pl.DataFrame:
-    """Per model and GPU model with 2 or more machines: ``machines``, the largest and smallest machine mean and
-    their ratio."""
+    """Per model and GPU model with 2 or more machines: ``machines``, the largest and smallest machine mean,
+    their ``ratio`` and its 95% CI (``ratio_ci_lo``, ``ratio_ci_hi``: :func:`slmserve.stats.ratio_ci_of` from
+    the two machines' n, mean and SD; null where one has a single repeat). The CI is that of these two
+    machines; picking the extremes of several makes the ratio larger than that of two machines taken at random."""
     ok = frame.filter(pl.col("throughput_rps").is_not_null())
-    return (
-        ok.group_by("model", "gpu_model", maintain_order=True)
-        .agg(
-            machines=pl.len(),
-            lowest=pl.col("throughput_rps").min(),
-            highest=pl.col("throughput_rps").max(),
-        )
-        .filter(pl.col("machines") >= 2)
-        .with_columns(ratio=pl.col("highest") / pl.col("lowest"))
-    )
+    rows = []
+    for (model, gpu), group in ok.group_by("model", "gpu_model", maintain_order=True):
+        if group.height < 2:
+            continue
+        by = group.sort("throughput_rps")
+        low, high = by.row(0, named=True), by.row(-1, named=True)
+        ci = stats.ratio_ci_of(*({"n": r["n"], "mean": r["throughput_rps"], "sd": r["throughput_rps_sd"]}
+                                 for r in (high, low)))  # fmt: skip
+        rows.append({"model": model, "gpu_model": gpu, "machines": group.height, "lowest": low["throughput_rps"],
+                     "highest": high["throughput_rps"], "ratio": ci["ratio"], "ratio_ci_lo": ci["ci_lo"],
+                     "ratio_ci_hi": ci["ci_hi"]})  # fmt: skip
+    floats = ("lowest", "highest", "ratio", "ratio_ci_lo", "ratio_ci_hi")
+    schema = {"model": pl.String, "gpu_model": pl.String, "machines": pl.Int64, **dict.fromkeys(floats, pl.Float64)}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _ratio(r: dict[str, Any]) -> str:
+    """``1.302 [0.86, 1.74], not resolved``: the spread's ratio, its 95% CI and whether the CI excludes 1."""
+    if r["ratio_ci_lo"] is None:
+        return f"{r['ratio']:.3f}, no CI (a machine with one repeat)"
+    said = "resolved" if r["ratio_ci_lo"] > 1 else "not resolved"
+    return f"{r['ratio']:.3f} [{r['ratio_ci_lo']:.3f}, {r['ratio_ci_hi']:.3f}], {said}"
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -98,8 +112,12 @@ def to_markdown(frame: pl.DataFrame) -> str:
         "GPU job (rule `calibrate`); the csv's `created` says when it ran. CI: Student's t over the repeats.",
     ]
     notes += [f"- {r['model']} on {r['gpu_model']}: {r['machines']} machines, {_fmt(r['lowest'])} to "
-              f"{_fmt(r['highest'])} req/s (highest / lowest {r['ratio']:.3f})"
+              f"{_fmt(r['highest'])} req/s (highest / lowest {_ratio(r)})"
               for r in sp.iter_rows(named=True)]  # fmt: skip
+    if not sp.is_empty():
+        notes.append("- Highest / lowest: ratio of the two machines' means with its 95% CI (delta method, Welch df); "
+                     "\"resolved\" where the CI excludes 1. Picked as the extremes of several machines, the ratio "
+                     "overstates a typical pair's.")  # fmt: skip
     if sp.is_empty():
         notes.append("- No model has been calibrated on two machines of one GPU model yet: no spread between machines.")
     if not sp.is_empty() and frame["gpu_model"].n_unique() > 1:

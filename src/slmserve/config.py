@@ -94,6 +94,7 @@ def model_workload(config: Mapping[str, Any], model: str) -> dict[str, Any]:
 def check(config: Mapping[str, Any], root: Path | None = None) -> None:
     """Raise :class:`ConfigError` for what the schema cannot check. ``root`` resolves relative paths."""
     from slmserve.capacity import load_config
+    from slmserve.server import own_flags
 
     root = root or Path.cwd()
     models = config.get("models", {})
@@ -102,6 +103,11 @@ def check(config: Mapping[str, Any], root: Path | None = None) -> None:
             allowed = ", ".join(sorted(models)) or "(none defined)"
             raise ConfigError(f"config key {key}: unknown model {name!r}; allowed values: {allowed}")
     for name, entry in models.items():
+        if own := own_flags(entry.get("engine_args") or []):
+            raise ConfigError(
+                f"config key models.{name}.engine_args: {' '.join(own)} is set by slmserve for every server "
+                "(loopback host, a reserved port, the batch and memory settings of the experiment); remove it"
+            )
         if entry.get("weights"):
             continue
         cfg_dir = root / entry["config"]

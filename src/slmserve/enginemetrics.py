@@ -3,8 +3,10 @@ polled during it.
 
 A run records, per server:
 
-* ``server_counters``: each ``vllm:*_total`` counter after the run minus before it (summed over label
-  sets), e.g. ``vllm:num_preemptions_total`` (requests preempted for lack of KV cache);
+* ``server_counters``: each ``vllm:*_total`` counter after the measured requests minus after the warm-up
+  (summed over label sets), e.g. ``vllm:num_preemptions_total`` (requests preempted for lack of KV cache).
+  A run marks this with ``counters_after_warmup``; results without it (written before 2026-11-29) read the
+  counters before the warm-up, so their counts include the warm-up's requests;
 * ``running``: :class:`GaugePoller` samples of ``vllm:num_requests_running`` (requests in the running
   batch) and ``vllm:num_requests_waiting``, at most once per second: faster polling slows a host-bound
   model's API server. Effective batch = the time average of the running gauge over the run's window
@@ -104,8 +106,10 @@ Sample = tuple[float, float | None, float | None]  # (t_mono, running, waiting)
 
 def effective_batch(samples: list[Sample], start: float, end: float) -> dict[str, Any]:
     """Running-request statistics of the samples taken in ``[start, end]`` (monotonic seconds):
-    ``effective_batch`` = mean of the running gauge (its time average, samples being evenly spaced),
-    ``running_max`` = its largest sample, ``gauge_samples`` = how many samples; None without samples."""
+    ``effective_batch`` = mean of the running gauge's samples (a time average as far as the polls are evenly
+    spaced: one per second plus the time a /metrics read takes, up to 5 s from a busy API server),
+    ``running_max`` = its largest sample, ``gauge_samples`` = how many samples (a short run has few: summaries
+    and captions carry the count); None without samples."""
     running = [r for t, r, _ in samples if start <= t <= end and r is not None]
     if not running:
         return {"effective_batch": None, "running_max": None, "gauge_samples": 0}

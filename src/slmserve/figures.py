@@ -612,7 +612,17 @@ def _preemption_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str
     # a mean over repeats (e.g. 209/3): one decimal tells apart what a count can differ by
     each = "; ".join(f"{name(r)}: {round(r['preemptions'], 1):g}" for r in hit.iter_rows(named=True))
     return (f"Preemptions (vLLM's counter, mean over repeats) at {hit.height} of {runs.height} plotted points: "
-            f"{each}.{said}")  # fmt: skip
+            f"{each}.{_warmup_counted(hit.iter_rows(named=True))}{said}")  # fmt: skip
+
+
+def _warmup_counted(rows: Iterable[Mapping[str, Any]]) -> str:
+    """A caption's warning on the positive preemption counts among ``rows`` that include the warm-up's
+    requests (:func:`slmserve.analysis.measured_only`; a row without the flag counts as such)."""
+    n = sum(1 for r in rows if (r.get("preemptions") or 0) > 0 and r.get("preemptions_measured_only") is not True)
+    if not n:
+        return ""
+    return (f" Counted with the warm-up's requests at {n} of them (results written before 2026-11-29 read vLLM's "
+            "counter before the warm-up): at most, not exactly, the measured requests' count.")  # fmt: skip
 
 
 def point_notes(
@@ -798,7 +808,8 @@ def _batch_lines(
             points = points.encode(shape=alt.Shape("stat:N", sort=stats, legend=None))
         errors = base.mark_rule(strokeWidth=1.5).encode(y=alt.Y("lo:Q", title=ytitle), y2="hi:Q")
         hollow = base.mark_point(filled=True, size=12).encode(color=alt.value("white"))
-        layers = [lines, points, errors.transform_filter("isValid(datum.lo)"),
+        drawable = "isValid(datum.lo)" + (" && datum.lo > 0" if y_log else "")  # log_ci_notes names the others
+        layers = [lines, points, errors.transform_filter(drawable),
                   hollow.transform_filter("datum.ok !== true")]  # fmt: skip
         if data.filter(pl.col("panel") == ptitle).is_empty():  # say so on the chart (the caption says why)
             layers.append(no_data())
@@ -1082,14 +1093,21 @@ def _output_batch_notes(runs: pl.DataFrame) -> list[str]:
     if "effective_batch" not in runs.columns or runs["effective_batch"].is_null().all():
         return [*notes, "Effective batch: not recorded in this summary (right panel empty)."]
     per = "; ".join(
-        f"{_outlen_point(r)}: {r['effective_batch']:.1f}" for r in runs.iter_rows(named=True)
+        f"{_outlen_point(r)}: {r['effective_batch']:.1f}{_gauge_samples(r)}" for r in runs.iter_rows(named=True)
         if r["effective_batch"] is not None
     )  # fmt: skip
     effective = (
         "Effective batch (right panel) = time average of vLLM's running-requests gauge (/metrics, polled at 1 Hz) "
-        f"over the run: the batch vLLM actually ran, per point (mean over repeats): {per}."
+        "over the run: the batch vLLM actually ran, per point (mean over repeats; in brackets the fewest gauge "
+        f"samples a repeat averaged, where recorded): {per}."
     )
     return [*notes, effective]
+
+
+def _gauge_samples(row: Mapping[str, Any]) -> str:
+    """`` (3 samples)``: the fewest running-gauge samples behind a point's effective batch; empty if unknown."""
+    n = row.get("gauge_samples")
+    return "" if n is None else f" ({n} sample{'s' * (n != 1)})"
 
 
 # --- Figures 3, 8 and extras: metrics against batch size -------------------------------------------
@@ -1108,7 +1126,7 @@ def _batch_figure(
     telemetry = [c for c in metrics if c not in ("throughput_rps", "latency_mean_s")]
     plotted = _finite(runs, ["batch_size"]).filter(pl.any_horizontal(pl.col(c).is_not_null() for c in metrics)) \
         if set(metrics) <= set(runs.columns) else runs.head(0)  # fmt: skip
-    notes = [*notes, *point_notes(plotted, metrics)]
+    notes = [*notes, *point_notes(plotted, metrics), *(n for m in metrics if y_log for n in log_ci_notes(plotted, m))]
     if "energy_per_token_j" in metrics:
         notes += _energy_note(plotted)
     return chart, caption(frame, what, left_out + notes, telemetry=telemetry)
@@ -1230,7 +1248,8 @@ def _power_rule(candidates: pl.DataFrame, chosen: pl.DataFrame) -> list[str]:
     skipped = ", ".join(f"{names[r['model']][0]} b={r['batch_size']} ({_preemptions(r)})" for r in larger)
     unknown = any(r["preemptions"] is None for r in larger)
     what = "with preemptions or an unknown count" if unknown else "with preemptions"
-    return [rule, f"Chosen: {picked}.", f"Skipped (larger batches {what}): {skipped or 'none'}."]
+    counted = _warmup_counted([*chosen_at.values(), *larger])
+    return [rule, f"Chosen: {picked}.", f"Skipped (larger batches {what}): {skipped or 'none'}.{counted}"]
 
 
 def _preemptions(row: Mapping[str, Any]) -> str:

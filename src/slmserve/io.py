@@ -20,11 +20,23 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+def _temp_beside(target: Path) -> tuple[int, str]:
+    """A temporary file in ``target``'s folder, made if missing: another job that empties a shared folder
+    may remove it between the two steps (slmserve.journal.discard_saved), so that is tried again."""
+    for _ in range(2):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
+        except FileNotFoundError:
+            continue
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` so that a reader never sees a partial file."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
+    fd, tmp = _temp_beside(target)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -50,12 +62,11 @@ def write_parquet(df: pl.DataFrame, path: str | os.PathLike[str], meta: Mapping[
     """Write ``df`` atomically (temporary file in the same folder, then rename) with ``meta`` as
     JSON under the schema metadata key ``slmserve``."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     table = df.to_arrow()
     merged = dict(table.schema.metadata or {})
     merged[META_KEY] = json.dumps(meta, sort_keys=True, default=str).encode()
     table = table.replace_schema_metadata(merged)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
+    fd, tmp = _temp_beside(target)
     try:
         with os.fdopen(fd, "wb") as fh:
             pq.write_table(table, fh, compression="zstd")

@@ -1,9 +1,9 @@
-"""What every measuring job does around its work: stop on SIGTERM/SIGINT, stop when the Snakemake process
+"""What every measuring job does around its work: stop on SIGTERM/SIGINT/SIGHUP, stop when the Snakemake process
 that started it is gone, and refuse to measure a target that another live job is measuring.
 
 ``with guard(targets, label):`` around a job's body:
 
-* SIGTERM and SIGINT raise :class:`slmserve.server.Terminated` in the main thread, so ``with`` blocks
+* SIGTERM, SIGINT and SIGHUP raise :class:`slmserve.server.Terminated` in the main thread, so ``with`` blocks
   unwind and stop the job's servers;
 * a watcher thread sends the job SIGTERM within :data:`WATCH_S` seconds of the loss of a Snakemake
   process above it: a job orphaned by ``kill -9`` of Snakemake stops instead of measuring on beside a

@@ -20,6 +20,7 @@ engine versions: saved repeats of another one stop the job with :class:`ResumeMi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -169,7 +170,7 @@ def discard_saved(paths: tuple[Path, Path]) -> list[Path]:
     saved = _saved(paths)
     for p in saved:
         p.unlink(missing_ok=True)
-    where = paths[0].parent / DIR
-    if where.is_dir() and not any(where.iterdir()):
-        where.rmdir()
+    # another job may be saving into it (a shared folder, e.g. replication/): a folder not empty stays
+    with contextlib.suppress(FileNotFoundError, OSError):
+        (paths[0].parent / DIR).rmdir()
     return saved

@@ -34,7 +34,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -522,8 +522,10 @@ def _validate(spec: LoadSpec) -> None:
         raise ValueError("warm-up needs at least one prompt")
 
 
-async def run_load_async(spec: LoadSpec) -> LoadResult:
-    """Run the warm-up, then the measured requests of ``spec``; never raises for a failed request."""
+async def run_load_async(spec: LoadSpec, on_measure: Callable[[], object] | None = None) -> LoadResult:
+    """Run the warm-up, then the measured requests of ``spec``; never raises for a failed request.
+    ``on_measure`` (e.g. reading the server's counters) runs in a thread between the two, after the last
+    warm-up request has ended and before the first measured one is sent."""
     _validate(spec)
     n = len(spec.prompts)
     offsets = schedule(n, spec.rate, spec.seed)
@@ -542,6 +544,8 @@ async def run_load_async(spec: LoadSpec) -> LoadResult:
             warm = _Phase(session, spec, warm_bodies, warm_ids, [0.0] * spec.warmup)
             await warm.run()
             warmup_done = sum(1 for r in warm.records if r is not None and r.status == "ok")
+        if on_measure is not None:
+            await asyncio.to_thread(on_measure)
         phase = _Phase(session, spec, bodies, list(spec.request_ids), offsets)
         cpu0 = time.process_time()
         t0 = await phase.run()
@@ -580,9 +584,9 @@ async def run_load_async(spec: LoadSpec) -> LoadResult:
     )
 
 
-def run_load(spec: LoadSpec) -> LoadResult:
+def run_load(spec: LoadSpec, on_measure: Callable[[], object] | None = None) -> LoadResult:
     """Synchronous wrapper of :func:`run_load_async` (runs its own event loop)."""
-    return asyncio.run(run_load_async(spec))
+    return asyncio.run(run_load_async(spec, on_measure))
 
 
 FRAME_SCHEMA: dict[str, pl.DataType] = {

@@ -120,17 +120,18 @@ class Measurement:
     wall_s: float  # warm-up included: what the repeat cost
 
 
-async def _loads(servers: Sequence[VllmServer], specs: Sequence[LoadSpec]) -> list[LoadResult]:
-    return list(
-        await asyncio.gather(
-            *(until_server_dies(run_load_async(s), srv.alive) for s, srv in zip(specs, servers, strict=True))
-        )
-    )
+async def _loads(
+    servers: Sequence[VllmServer], specs: Sequence[LoadSpec], on_measure: Sequence[Callable[[], object]]
+) -> list[LoadResult]:
+    runs = (run_load_async(s, f) for s, f in zip(specs, on_measure, strict=True))
+    return list(await asyncio.gather(*(until_server_dies(r, srv.alive) for r, srv in zip(runs, servers, strict=True))))
 
 
-def _run_loads(servers: Sequence[VllmServer], specs: Sequence[LoadSpec], where: str) -> list[LoadResult]:
+def _run_loads(
+    servers: Sequence[VllmServer], specs: Sequence[LoadSpec], where: str, on_measure: Sequence[Callable[[], object]]
+) -> list[LoadResult]:
     try:
-        results = asyncio.run(_loads(servers, specs))
+        results = asyncio.run(_loads(servers, specs, on_measure))
     except ServerError:
         dead = next((i for i, srv in enumerate(servers) if not srv.alive()), 0)
         raise server_died(servers[dead], _where(where, dead, len(servers))) from None
@@ -164,7 +165,11 @@ def measure(
     holding GPUs of the host; asked before and after the load, its jobs are recorded as ``beside``."""
     t_start = time.monotonic()
     jobs_before = _ask(beside)
-    before = [srv.counters() for srv in servers]
+    before: list[dict[str, float]] = [{} for _ in servers]  # each read after its load's warm-up
+
+    def reader(i: int) -> Callable[[], None]:
+        return lambda: before.__setitem__(i, servers[i].counters())
+
     sampler = telemetry.Sampler(gpu_ids, interval_s)
     pollers = [enginemetrics.GaugePoller(srv.base_url) for srv in servers]
     with contextlib.ExitStack() as stack:
@@ -173,7 +178,7 @@ def measure(
         if sample:
             sampler.start()
             stack.callback(sampler.stop)
-        results = _run_loads(servers, specs, where)
+        results = _run_loads(servers, specs, where, [reader(i) for i in range(len(servers))])
     tel = sampler.frame if sample and sampler.frame is not None else telemetry.empty_frame()
     after = [srv.counters() for srv in servers]
     meta = {
@@ -181,6 +186,7 @@ def measure(
         "servers": [srv.info() for srv in servers],
         "loads": [result_meta(r) for r in results],
         "server_counters": [enginemetrics.counter_delta(b, a) for b, a in zip(before, after, strict=True)],
+        "counters_after_warmup": True,
         "engine": [
             enginemetrics.effective_batch(p.samples, *_window(r)) for p, r in zip(pollers, results, strict=True)
         ],

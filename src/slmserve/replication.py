@@ -253,7 +253,10 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
     * ``throughput_sum_rps`` = the sum of each replica's own rate (its requests over its own window), the
       paper's way of adding replicas up; it exceeds the system throughput when replicas end at different times;
     * ``latency_mean_s`` = the largest replica mean (as in the paper), ``latency_mean_per_replica`` each one;
-    * ``preemptions`` = vLLM's preemptions summed over the replicas, unknown (None) if a count is missing;
+    * ``preemptions`` = vLLM's preemptions summed over the replicas, unknown (None) if a count is missing
+      (``preemptions_measured_only``: :func:`slmserve.analysis.measured_only`);
+    * ``effective_batch`` = the replicas' effective batches summed, unknown (None) if one is missing;
+      ``gauge_samples`` = the fewest running-gauge samples of a replica;
     * telemetry over the common window; ``energy_per_token_j`` = GPU energy / all output tokens.
     """
     per = [analysis.request_metrics(g) for _, g in sorted(req.group_by("replica"), key=lambda kv: kv[0])]
@@ -266,7 +269,8 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
         "latency_mean_s": max(p["latency_mean_s"] for p in per),
         "latency_mean_per_replica": [p["latency_mean_s"] for p in per],
         "preemptions": _preemptions(rep),
-        "effective_batch": sum((e or {}).get("effective_batch") or 0.0 for e in rep.get("engine") or []) or None,
+        "preemptions_measured_only": analysis.measured_only(rep),
+        **_effective_batch(rep),
         "beside": analysis.beside_text(rep),
     }
     t0 = rep.get("t0_mono") or 0.0
@@ -275,6 +279,18 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
     row.update(analysis.energy_metrics(tsum.get("energy_j"), whole.get("output_tokens"), whole["duration_s"],
                                        tsum["n_samples"]))  # fmt: skip
     return row
+
+
+def _effective_batch(rep: dict[str, Any]) -> dict[str, float | None]:
+    """``effective_batch``: the replicas' effective batches summed, and ``gauge_samples``: the fewest samples
+    behind one; each None unless every replica has it (an unknown is not 0)."""
+    engines = [e or {} for e in rep.get("engine") or []]
+    batches = [e.get("effective_batch") for e in engines]
+    counts = [e.get("gauge_samples") for e in engines]
+    return {
+        "effective_batch": math.fsum(batches) if batches and None not in batches else None,
+        "gauge_samples": min(counts) if counts and None not in counts else None,
+    }
 
 
 def _preemptions(rep: dict[str, Any]) -> float | None:

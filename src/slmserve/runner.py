@@ -260,7 +260,10 @@ class Point:
     head: dict[str, Any] = field(default_factory=dict)
 
     def meta_run(self) -> dict[str, Any]:
-        return {**self.job.describe(), "batch_size": self.batch, "batch_sizes": None}
+        run = {**self.job.describe(), "batch_size": self.batch, "batch_sizes": None}
+        if self.job.mode != "restart":  # one server for the sweep: its --max-num-seqs (and CUDA graphs) is the
+            run["server_max_num_seqs"] = max(self.job.batch_sizes)  # largest batch; repeats resume only on it
+        return run
 
 
 def measure_point(p: Point, srv: VllmServer, alloc: Allocation, prompts: pl.DataFrame, where: str = "") -> Measurement:
@@ -443,9 +446,10 @@ def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[st
     with guard([out], f"{job.model} kv-probe"):
         job.memory_budget_gb = budget_gb
         with job_gpus(job, "kv-probe") as alloc:
-            spec = server_spec(job, alloc, capacity.BATCH_CAP, f"probe-{budget_gb or 'whole'}")
             result: dict[str, Any] = {"model": job.model, "budget_gb": budget_gb, "status": "ok", "reason": None}
-            try:
+            spec = None
+            try:  # a budget larger than the GPU is refused before any start: infeasible, as in a sweep
+                spec = server_spec(job, alloc, capacity.BATCH_CAP, f"probe-{budget_gb or 'whole'}")
                 with VllmServer(spec) as srv:
                     info = srv.info()
             except InfeasibleError as exc:
@@ -464,7 +468,7 @@ def probe_capacity(job: SweepJob, budget_gb: float | None, out: Path) -> dict[st
             result.update(
                 kv_cache_tokens=tokens,
                 block_size=block,
-                gpu_memory_utilization=spec.gpu_memory_utilization,
+                gpu_memory_utilization=spec and spec.gpu_memory_utilization,
                 **fits,
                 server=info,
                 provenance=provenance.collect({**job.describe(), "probe_budget_gb": budget_gb}, alloc.nvml_indices),

@@ -32,6 +32,20 @@ from typing import IO, Any
 from slmserve import enginemetrics
 
 HOST = "127.0.0.1"
+# What ServerSpec.argv sets itself; a model's engine_args may not set it again: vLLM's parser takes the last
+# value given, so `--host 0.0.0.0` would open the server beyond this host and `--port` collide between jobs.
+OWN_FLAGS = frozenset({
+    "--model", "--served-model-name", "--host", "--port", "--uds", "--load-format", "--skip-tokenizer-init",
+    "--max-num-seqs", "--max-model-len", "--tensor-parallel-size", "-tp", "--dtype", "--gpu-memory-utilization",
+    "--kv-cache-memory-bytes", "--scheduler-cls", "--max-cudagraph-capture-size", "--stream-interval",
+    "--enable-prefix-caching", "--no-enable-prefix-caching",
+})  # fmt: skip
+
+
+def own_flags(args: Sequence[str]) -> list[str]:
+    """The arguments of ``args`` (``--flag`` or ``--flag=value``) that are :data:`OWN_FLAGS`."""
+    return [a for a in args if a.split("=", 1)[0] in OWN_FLAGS]
+
 
 # Log lines with which vLLM refuses a memory share or a cache size: results ("infeasible"), not errors.
 INFEASIBLE_PATTERNS: tuple[str, ...] = (
@@ -88,8 +102,10 @@ class UnsupportedError(ServerError):
         super().__init__(f"unsupported: {reason}", log_path, log_tail)
 
 
-class Terminated(BaseException):
-    """Raised in the main thread on SIGTERM or SIGINT so that cleanup runs."""
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM, SIGINT or SIGHUP so that cleanup runs. A KeyboardInterrupt, as
+    asyncio re-raises only that (and SystemExit) from its callbacks: another BaseException raised while it
+    reads a socket becomes one request's error, and the signal is lost."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
@@ -100,13 +116,13 @@ _TERMINATING = threading.Event()
 
 
 def terminating() -> bool:
-    """Whether this process has been told to stop (its first SIGTERM or SIGINT)."""
+    """Whether this process has been told to stop (its first SIGTERM, SIGINT or SIGHUP)."""
     return _TERMINATING.is_set()
 
 
 def install_signal_handlers() -> None:
-    """Turn the first SIGTERM or SIGINT after this call into :class:`Terminated` in the main thread; later
-    ones are ignored, so they cannot interrupt the cleanup that stops the servers."""
+    """Turn the first SIGTERM, SIGINT or SIGHUP (a closed terminal) after this call into :class:`Terminated`
+    in the main thread; later ones are ignored, so they cannot interrupt the cleanup that stops the servers."""
     _TERMINATING.clear()
 
     def _raise(signum: int, _frame: FrameType | None) -> None:
@@ -115,8 +131,8 @@ def install_signal_handlers() -> None:
         _TERMINATING.set()
         raise Terminated(signum)
 
-    signal.signal(signal.SIGTERM, _raise)
-    signal.signal(signal.SIGINT, _raise)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _raise)
 
 
 def _lock_dir() -> Path:
@@ -214,6 +230,9 @@ class ServerSpec:
             args += ["--scheduler-cls", self.scheduler_cls]
         if self.max_cudagraph_capture_size is not None:
             args += ["--max-cudagraph-capture-size", str(self.max_cudagraph_capture_size)]
+        if own := own_flags(self.extra_args):
+            raise ValueError(f"extra vLLM arguments {' '.join(own)}: slmserve sets these itself for every server; "
+                             "remove them from the model's engine_args")  # fmt: skip
         return [*args, *self.extra_args]
 
 

@@ -17,8 +17,16 @@ LEVEL = 0.95
 
 
 def describe(xs: Sequence[float | None]) -> dict[str, Any]:
-    """``n``, ``mean``, ``sd``, ``ci_lo``, ``ci_hi`` (and ``ci_half``) of the non-null values of ``xs``."""
-    vals = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    """``n``, ``mean``, ``sd``, ``ci_lo``, ``ci_hi`` (and ``ci_half``) of the non-null values of ``xs``;
+    ValueError for a NaN or infinite value (a broken measurement must not leave the interval unnoticed)."""
+    vals = [float(x) for x in xs if x is not None]
+    bad = [(i, v) for i, v in enumerate(vals) if not math.isfinite(v)]
+    if bad:
+        i, v = bad[0]
+        raise ValueError(
+            f"value {v} at position {i} of {len(vals)} non-null values is not finite: a mean "
+            "and interval over it would mislead; find the repeat that produced it and re-measure it"
+        )
     n = len(vals)
     if n == 0:
         return {"n": 0, "mean": None, "sd": None, "ci_lo": None, "ci_hi": None, "ci_half": None}

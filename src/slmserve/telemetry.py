@@ -448,6 +448,10 @@ def counter_energy_j(t: np.ndarray, energy_mj: np.ndarray, t_start: float, t_end
     return (at(t_end) - at(t_start)) / 1000.0
 
 
+def _fmean(xs: list[float]) -> float | None:
+    return math.fsum(xs) / len(xs) if xs else None
+
+
 def summarize(frame: pl.DataFrame, t_start: float, t_end: float) -> dict[str, Any]:
     """Summarise the samples with ``t_start <= t_mono_s <= t_end`` (monotonic seconds).
 
@@ -480,14 +484,17 @@ def summarize(frame: pl.DataFrame, t_start: float, t_end: float) -> dict[str, An
         out[f"{key}_mean"] = _scalar(ticks[key].mean())
         out[f"{key}_max"] = _scalar(ticks[key].max())
 
-    per_gpu = w.filter(pl.col("gpu").is_not_null()).group_by("gpu").agg(pl.col("power_w").mean()).sort("gpu")
-    n_gpus = per_gpu.height
-    power = per_gpu["power_w"]
-    full_power = n_gpus > 0 and power.null_count() == 0
-    out["power_w_mean"] = _scalar(power.sum()) if full_power else None
-    out["power_w_mean_per_gpu"] = _scalar(power.mean())
+    # exactly rounded sums (math.fsum): a polars mean of a long window changed in its last digits between
+    # re-plots (its parallel partial sums), and a re-plot of unchanged results must write the same bytes
+    gpus = w.filter(pl.col("gpu").is_not_null()).partition_by("gpu", as_dict=True)
+    power = [_fmean(g["power_w"].drop_nulls().to_list()) for _, g in sorted(gpus.items())]
+    n_gpus = len(power)
+    full_power = n_gpus > 0 and None not in power
+    out["power_w_mean"] = math.fsum(power) if full_power else None  # type: ignore[arg-type]
+    out["power_w_mean_per_gpu"] = _fmean([p for p in power if p is not None])
     # the counter's readings outside the window too: its edges lie between readings
-    counters = frame.filter(pl.col("gpu").is_in(per_gpu["gpu"].implode()) & pl.col("energy_mj").is_not_null())
+    used = [k[0] for k in gpus]
+    counters = frame.filter(pl.col("gpu").is_in(used) & pl.col("energy_mj").is_not_null())
     energy = [
         counter_energy_j(g["t_mono_s"].to_numpy(), g["energy_mj"].to_numpy(), t_start, t_end)
         for _, g in counters.unique(["gpu", "t_mono_s"]).sort("t_mono_s").group_by("gpu", maintain_order=True)
