@@ -13,6 +13,7 @@ import yaml
 
 from slmserve import advisor, capacity, replication
 from slmserve.advisor import Settings
+from slmserve.server import InfeasibleError
 from tests.conftest import ROOT
 
 QUICK = ROOT / "results/quick"
@@ -126,6 +127,41 @@ def test_uncertain_when_the_cis_straddle_the_target() -> None:
     assert _one(advisor.advise(s, {}, {}))["choice_uncertain"] is None  # batch 1 might qualify: unknown
 
 
+def test_a_batch_without_a_measured_throughput_is_named_and_leaves_the_choice_uncertain() -> None:
+    """Batch 8 not measured yet (or failed): the advisor chose 16 with no word, though 8 may reach the target."""
+    s = _summary([("m", 4, 30.0, 29.0, 31.0, 2.0), ("m", 8, 39.0, 38.5, 39.5, 3.0), ("m", 16, 40.0, 39.8, 40.2, 4.0),
+                  ("m", 32, 39.5, 39.0, 40.0, 5.0)])  # fmt: skip
+    sure = _one(advisor.advise(s, {}, {}))
+    assert sure["chosen_batch"] == 8 and sure["choice_uncertain"] is False and sure["note"] is None
+    for status in ("not_measured", "failed"):
+        at8 = pl.col("batch_size") == 8
+        gap = s.with_columns(status=pl.when(at8).then(pl.lit(status)).otherwise("status"),
+                             throughput_rps=pl.when(at8).then(None).otherwise("throughput_rps"))  # fmt: skip
+        r = _one(advisor.advise(gap, {}, {}))
+        assert r["chosen_batch"] == 16 and r["choice_uncertain"] is True
+        assert r["note"] == f"b=8 has no measured throughput ({status})"
+
+
+def test_a_model_whose_weights_are_not_counted_gets_its_choice_and_a_note() -> None:
+    """LLaMA-7B in the sweep: the advisor chose its batch, then stopped with "param_count knows OPT only",
+    naming no model; now the row keeps the choice and its note says why the memory columns are empty."""
+    s = _summary([("llama7b", 4, 30.0, 29.0, 31.0, 2.0), ("llama7b", 8, 40.0, 39.5, 40.5, 3.0),
+                  ("llama7b", 16, 39.0, 38.0, 40.0, 4.0)])  # fmt: skip
+    cfg = capacity.load_config(ROOT / "config/models/llama-7b")
+    r = _one(advisor.advise(s, {"llama7b": cfg}, {}), "llama7b")
+    assert r["chosen_batch"] == 8 and r["kv_analytic_gb"] is None
+    assert r["note"] == "no memory figures for llama7b: param_count knows OPT only, not 'llama'"
+
+
+def test_the_plateau_point_chosen_is_not_uncertain_of_reaching_its_own_fraction() -> None:
+    """Batches 1, 2, 4 at 10, 20, 40 [30, 50] req/s: 4 is the plateau and the choice; compared with itself it
+    was "uncertain" at any fraction near 1, though batch 2's CI lies far below every target."""
+    s = _summary([("m", 1, 10.0, 9.0, 11.0, 1.0), ("m", 2, 20.0, 19.0, 21.0, 2.0), ("m", 4, 40.0, 30.0, 50.0, 3.0)])
+    for f in (0.95, 1.0):
+        r = _one(advisor.advise(s, {}, {}, settings=Settings(fraction=f)))
+        assert r["chosen_batch"] == 4 and r["choice_uncertain"] is False, f
+
+
 def test_settings_and_schema_agree() -> None:
     schema = yaml.safe_load((ROOT / "config/schemas/config.schema.yaml").read_text())
     props = schema["properties"]["experiments"]["properties"]["advisor"]["properties"]
@@ -160,7 +196,8 @@ def test_memory_against_hand_values() -> None:
     assert m["kv_whole_gb"] == pytest.approx((share - W) / 1e9)
     assert m["freed_frac"] == pytest.approx(1 - 1024 / 100_000)
     assert m["freed_gb"] == pytest.approx((share - W) * (1 - 1024 / 100_000) / 1e9)
-    assert m["replicas_fit"] == math.floor(share / (W + 1024 * per_token)) == 73  # 72 GB / 0.985 GB
+    # every server holds F = S - C x b besides its KV cache: 68.3 GB of this made-up probe, so one fits
+    assert m["replicas_fit"] == math.floor(share / (share - 100_000 * B + 1024 * B)) == 1
     assert m["share_from"].startswith("0.9 x GPU memory 80.00 GB")
 
 
@@ -178,6 +215,34 @@ def test_memory_without_a_budget_probe_or_a_probe() -> None:
     over = advisor.memory(OPT125M, WHOLE, 1024, 100, 20, 80e9)
     assert over["freed_frac"] == pytest.approx(1 - 1024 * 128 / 100_000) and over["freed_gb"] < 0
     assert over["replicas_fit"] == 0
+
+
+def _replicas_hold(k: int, probe: dict, gpu: float, per_token: int, need: float) -> bool:
+    """Whether ``k`` replicas, each given its KV cache by replication.replica_kv_bytes, hold ``need`` bytes."""
+    try:
+        return replication.replica_kv_bytes(probe, probe["gpu_memory_utilization"] / k, gpu, per_token) >= need
+    except InfeasibleError:
+        return False
+
+
+def test_replicas_fit_is_what_the_replicas_kv_caches_hold(quick: tuple) -> None:
+    """The advisor's count agrees with the KV cache replication gives each replica (replica_kv_bytes, which
+    matched vLLM's own: 97,947 predicted against 97,936 measured tokens for two OPT-2.7B replicas, quick
+    profile): ``replicas_fit`` replicas of the batch hold it without preemption, one more does not. It
+    charged each replica the probe's overhead in proportion to its KV need, and counted 10 OPT-125M
+    replicas of 256 (9 fit) and 2 OPT-2.7B replicas of 128 (1 fits)."""
+    _, configs, whole, budget, models = quick
+    checked = 0
+    for m in models:
+        probe, gpu = whole[m], advisor.gpu_memory_bytes(budget[m])
+        per_token = capacity.kv_bytes_per_token(configs[m])
+        for batch in (32, 64, 128, 256, 512):
+            n = advisor.memory(configs[m], probe, batch, 512, 256, gpu)["replicas_fit"]
+            need = batch * capacity.blocks_rounded(768, probe["block_size"]) * per_token
+            args = (probe, gpu, per_token, need)
+            assert (n == 0 or _replicas_hold(n, *args)) and not _replicas_hold(n + 1, *args), (m, batch, n)
+            checked += 1
+    assert checked == 15
 
 
 # --- the committed quick results ------------------------------------------------------------------
@@ -208,7 +273,7 @@ def test_quick_results(quick: tuple, tmp_path: Path) -> None:
     assert r["freed_frac"] == pytest.approx(1 - 256 * 768 / 373_008) and r["replicas_fit"] == 1
     assert r["note"] is None and _one(frame, "opt125m")["note"] == advisor.EDGE_NOTE  # 125M's plateau at 512
     assert _one(frame, "opt2.7b")["note"] == advisor.FITS_NOTE.format(batch=512)  # b=512 is infeasible
-    assert _one(frame, "opt125m")["replicas_fit"] == 10
+    assert _one(frame, "opt125m")["replicas_fit"] == 9  # 10 would give each 176,880 KV tokens of 196,608 needed
     # 90% of the plateau: OPT-1.3B and 2.7B need half the batch
     lower = advisor.advise(summary, configs, whole, budget, Settings(fraction=0.9), models)
     assert lower["chosen_batch"].to_list() == [256, 128, 128]

@@ -155,6 +155,8 @@ def test_an_advisor_plan_is_run_or_recorded_with_its_reason(tmp_path: Path, monk
     monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
     meta = replication.run_advisor_plan(job, replication.AdvisorPlan(4, 3), 8, out, use_mps=True)
     assert meta["status"] == "unsupported" and "MPS needs a GPU" in meta["reason"]
+    # the setting that controls a plan's MPS (experiments.replication.mps does not)
+    assert meta["reason"].endswith("set experiments.replication.advisor_plan.variants without mps")
     assert (meta["run"]["replicas"], meta["run"]["batch_per_replica"], meta["run"]["batch_rule"]) == (4, 3, "advisor")
     rows = replication.summarize_runs([none, out])
     assert rows.select("plan", "mps", "replicas", "status").rows() == [

@@ -152,3 +152,22 @@ def test_table1_reads_both_rules_from_the_probes(tmp_path: Path, monkeypatch: py
     assert (row["analytic_max_batch"], row["analytic_max_batch_no_preemption"]) == (256, 128)
     assert row["fits"] == "admission"
     assert "| OPT-1.3B | 1.3B | 2.6 GB | 256 | 256 | 128 | 256 | 128 | 512 | 256 |" in table1.to_markdown(frame)
+
+
+def test_the_note_names_the_budget_and_whole_share_the_probes_had(table: pl.DataFrame) -> None:
+    """The note said "emulating the A100's 36 GB" and "whole GPU (90%)" whatever the budget and share."""
+    md = table1.to_markdown(table.with_columns(whole_memory_share=pl.lit(0.9)))
+    assert "limited to 36 GB (emulating the A100's 36 GB), and with the whole GPU (90% of its memory)" in md
+    md = table1.to_markdown(table.with_columns(budget_gb=pl.lit(20.0), whole_memory_share=pl.lit(0.8)))
+    assert "limited to 20 GB, and with the whole GPU (80% of its memory)" in md and "A100's 36 GB" not in md
+    assert "limited to 36 GB (emulating the A100's 36 GB), and with the whole GPU." in table1.to_markdown(table)
+
+
+def test_a_probe_the_engine_refused_is_named_with_its_reason_not_as_missing(table: pl.DataFrame) -> None:
+    refused = table.with_columns(
+        measured_max_batch_whole=pl.when(pl.col("model") == "opt13b").then(None).otherwise("measured_max_batch_whole"),
+        unsupported_whole=pl.when(pl.col("model") == "opt13b").then(pl.lit("architecture not supported")),
+    )  # fmt: skip
+    md = table1.to_markdown(refused)
+    assert "Not served by the engine (probe result): OPT-13B (whole GPU: architecture not supported)." in md
+    assert "Not measured yet (no KV-cache probe result): OPT-13B (36 GB)." in md  # its whole-GPU probe is a result

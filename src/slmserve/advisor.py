@@ -46,9 +46,11 @@ Memory (``B`` = chosen batch, ``I``/``O`` = the point's prompt/output tokens; GB
 - ``kv_whole_gb`` = the whole-GPU KV cache = ``S - W = C x b_probe``.
 - ``freed_gb = kv_whole_gb - kv_probe_gb``, ``freed_frac = freed_gb / kv_whole_gb = 1 - B x ceil((I + O)
   / s) x s / C`` (negative: the batch needs more than the KV cache holds, vLLM preempts).
-- ``replicas_fit = floor(S / (W + kv_probe_gb))``: servers of the chosen batch (each its own weights and
-  KV need, no preemption) that fit the memory share. ``b_probe`` charges each one the share's overhead in
-  proportion to its KV need; a server's fixed overhead (``S - W - C x b``) can make fewer fit.
+- ``replicas_fit = floor(S / (F + B x ceil((I + O) / s) x s x b))``: servers of the chosen batch that fit the
+  memory share without preemption, each holding ``F = S - C x b`` besides its KV cache (weights, activations,
+  CUDA context and graphs, as the probe measured them; what :func:`slmserve.replication.replica_kv_bytes`
+  leaves every replica). With no budget probe ``F = W``: the server's other memory is unknown, so more may
+  be counted than fit.
 """
 
 from __future__ import annotations
@@ -116,12 +118,14 @@ def check_columns(summary: pl.DataFrame, settings: Settings, source: str = "summ
         )
 
 
-def sweep_points(summary: pl.DataFrame, settings: Settings, status: str = "ok") -> pl.DataFrame:
-    """The points the advisor chooses from: measured (``status``), one GPU, all-at-once workload; the
-    optional columns filled with nulls where absent."""
+def sweep_points(summary: pl.DataFrame, settings: Settings, status: str | None = "ok") -> pl.DataFrame:
+    """The points the advisor chooses from: measured (``status``; None: any), one GPU, all-at-once workload;
+    the optional columns filled with nulls where absent."""
     check_columns(summary, settings)
     fill = [pl.lit(None, pl.Float64).alias(c) for c in OPTIONAL if c not in summary.columns]
-    runs = summary.with_columns(fill).filter((pl.col("status") == status) & (pl.col("tp") == 1))
+    runs = summary.with_columns(fill).filter(pl.col("tp") == 1)
+    if status is not None:
+        runs = runs.filter(pl.col("status") == status)
     if status == "ok":
         runs = runs.filter(pl.col("throughput_rps").is_not_null() & pl.col("throughput_rps").is_finite())
     runs, _ = main_workload(runs)
@@ -139,16 +143,22 @@ def uncertain(chosen: Mapping[str, Any], smaller: Sequence[Mapping[str, Any]], p
     a CI it reads is missing."""
     lo, hi = _ci(plateau, "lo"), _ci(plateau, "hi")
     c_lo = _ci(chosen, "lo")
-    holds = [None if c_lo is None or hi is None else c_lo < fraction * hi]
+    # the plateau point itself reaches any fraction <= 1 of its own mean: no "may fall short" there
+    itself = chosen.get("batch_size") == plateau.get("batch_size")
+    holds = [] if itself else [None if c_lo is None or hi is None else c_lo < fraction * hi]
     holds += [None if h is None or lo is None else h >= fraction * lo for h in (_ci(r, "hi") for r in smaller)]
     if any(holds):
         return True
     return None if None in holds else False
 
 
-def choose(points: pl.DataFrame, settings: Settings, infeasible: Sequence[int] = ()) -> dict[str, Any]:
+def choose(points: pl.DataFrame, settings: Settings, infeasible: Sequence[int] = (),
+           gaps: Mapping[int, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """The plateau and the chosen batch of one model's points (:func:`sweep_points`); ``infeasible``: the
-    batch sizes of its sweep that do not fit the KV cache."""
+    batch sizes of its sweep that do not fit the KV cache; ``gaps``: its other batch sizes without a
+    measured throughput, by status (not measured yet, failed): named in the note, and the choice is
+    uncertain (a smaller one might reach the target, a larger one raise the plateau)."""
+    gap = [f"b={b} has no measured throughput ({why})" for b, why in sorted((gaps or {}).items())]
     if points.is_empty():
         return {"note": "no measured one-GPU point"}
     plateau = points.sort("throughput_rps", "batch_size", descending=[True, False]).row(0, named=True)
@@ -168,7 +178,7 @@ def choose(points: pl.DataFrame, settings: Settings, infeasible: Sequence[int] =
     if hits.is_empty():
         bound = settings.bound_text()
         why = f"no point with {bound}" if eligible.is_empty() else f"no point with {bound} reaches the target"
-        return {**out, "note": "; ".join([why, *edge])}
+        return {**out, "note": "; ".join([why, *edge, *gap])}
     row = hits.row(0, named=True)
     smaller = eligible.filter(pl.col("batch_size") < row["batch_size"]).to_dicts()
     return {
@@ -176,8 +186,8 @@ def choose(points: pl.DataFrame, settings: Settings, infeasible: Sequence[int] =
         "chosen_ci_lo": _ci(row, "lo"), "chosen_ci_hi": _ci(row, "hi"),
         "chosen_latency_s": row[settings.latency_column],
         "chosen_preemptions": row["preemptions"],
-        "choice_uncertain": uncertain(row, smaller, plateau, settings.fraction),
-        "input_len": row["input_len"], "output_len": row["output_len"], "note": "; ".join(edge) or None,
+        "choice_uncertain": True if gap else uncertain(row, smaller, plateau, settings.fraction),
+        "input_len": row["input_len"], "output_len": row["output_len"], "note": "; ".join([*edge, *gap]) or None,
     }  # fmt: skip
 
 
@@ -221,14 +231,16 @@ def memory(
                kv_bytes_per_token_probe=b_probe, kv_whole_gb=(share - w) / GB)  # fmt: skip
     if batch is None:
         return out
-    need = batch * capacity.blocks_rounded(input_len + output_len, block) * b_probe
+    tokens_needed = batch * capacity.blocks_rounded(input_len + output_len, block)
+    need = tokens_needed * b_probe
+    per_server = share - tokens * b + tokens_needed * b  # F + the batch's KV cache at b bytes per token
     return {
         **out,
         "kv_probe_gb": need / GB,
         "kv_probe_admission_gb": batch * capacity.blocks_rounded(input_len, block) * b_probe / GB,
         "freed_gb": (share - w - need) / GB,
         "freed_frac": 1 - need / (share - w),
-        "replicas_fit": math.floor(share / (w + need)),
+        "replicas_fit": math.floor(share / per_server),
     }  # fmt: skip
 
 
@@ -263,18 +275,29 @@ def advise(
     A model without a measured point gets a row with its ``note`` only."""
     settings = settings or Settings()
     points, infeasible = sweep_points(summary, settings), sweep_points(summary, settings, "infeasible")
+    planned = sweep_points(summary, settings, None)
     rows = []
     for model in dict.fromkeys([*models, *summary["model"].drop_nulls().to_list()]):
         too_large = infeasible.filter(pl.col("model") == model)["batch_size"].to_list()
-        row: dict[str, Any] = {"model": model, **choose(points.filter(pl.col("model") == model), settings, too_large)}
+        have = {*too_large, *points.filter(pl.col("model") == model)["batch_size"].to_list()}
+        gaps = {
+            r["batch_size"]: r["status"] if r["status"] != "ok" else "no throughput"
+            for r in planned.filter(pl.col("model") == model).iter_rows(named=True)
+            if r["batch_size"] not in have
+        }
+        mine = points.filter(pl.col("model") == model)
+        row: dict[str, Any] = {"model": model, **choose(mine, settings, too_large, gaps)}
         if row.get("plateau_rps") is not None and model in model_configs:
             probes = [whole.get(model), (budget or {}).get(model)]
             other = _other_gpu(probes, points.filter(pl.col("model") == model))
             if other:  # another GPU's memory: the analytic figures only
                 probes = [None, None]
                 row["note"] = "; ".join(filter(None, [row.get("note"), other]))
-            row.update(memory(model_configs[model], probes[0], row.get("chosen_batch"), row["input_len"],
-                              row["output_len"], gpu_memory_bytes(probes[1])))  # fmt: skip
+            try:
+                row.update(memory(model_configs[model], probes[0], row.get("chosen_batch"), row["input_len"],
+                                  row["output_len"], gpu_memory_bytes(probes[1])))  # fmt: skip
+            except ValueError as exc:  # e.g. a LLaMA sweep: its weights are not counted here (OPT only)
+                row["note"] = "; ".join(filter(None, [row.get("note"), f"no memory figures for {model}: {exc}"]))
         rows.append(row)
     settings_cols = {"fraction": settings.fraction, "latency_column": settings.latency_column,
                      "latency_bound_s": settings.latency_bound_s}  # fmt: skip
@@ -357,8 +380,10 @@ NOTE = (
     "analytic = batch x tokens x 2 x 2 x hidden x layers bytes; probe = batch x tokens in whole KV blocks x "
     "bytes per token of the whole-GPU probe ((memory share - weights) / KV-cache tokens); tokens = prompt + "
     "output (no preemption) / prompt (vLLM's admission rule). Freed = whole-GPU KV cache - probe need (prompt + "
-    "output); replicas fit = floor(memory share / (weights + probe need)). Uncertain: the 95% CIs of the chosen "
-    "point, the smaller batches or the plateau straddle the target (slmserve.advisor). GB = 10^9 bytes."
+    "output); replicas fit = floor(memory share / (what one server holds besides its KV cache + the batch's whole "
+    "requests in KV blocks at the analytic bytes per token)), each server holding what the probe's server held "
+    "besides its KV cache (memory share - KV-cache tokens x analytic bytes per token). Uncertain: the 95% CIs of "
+    "the chosen point, the smaller batches or the plateau straddle the target (slmserve.advisor). GB = 10^9 bytes."
 )
 
 

@@ -59,13 +59,14 @@ def control_binary() -> str | None:
     return None
 
 
-def unavailable(gpu_ids: Sequence[str]) -> str | None:
-    """Why MPS cannot run for a job holding ``gpu_ids``; None if it can."""
+def unavailable(gpu_ids: Sequence[str], off: str = "experiments.replication.mps: false") -> str | None:
+    """Why MPS cannot run for a job holding ``gpu_ids``; None if it can. ``off``: the setting that turns
+    this job's MPS off, named in the answer."""
     if not gpu_ids:
-        return "MPS needs a GPU; this job has none (CPU engine): set experiments.replication.mps: false"
+        return f"MPS needs a GPU; this job has none (CPU engine): set {off}"
     if control_binary() is None:
         return (f"MPS control daemon not found ({CONTROL} not on PATH nor in {', '.join(FALLBACK_DIRS)}; "
-                f"set {CONTROL_ENV} to its path, or experiments.replication.mps: false)")  # fmt: skip
+                f"set {CONTROL_ENV} to its path, or {off})")  # fmt: skip
     return None
 
 

@@ -61,6 +61,10 @@ def _row(
         "measured_max_batch_no_preemption_whole": whole.get("max_batch_no_preemption"),
         "kv_tokens_budget": budget.get("kv_cache_tokens"),
         "kv_tokens_whole": whole.get("kv_cache_tokens"),
+        "whole_memory_share": whole.get("gpu_memory_utilization"),
+        # a probe whose server the engine refused: its reason, not a missing probe
+        "unsupported_budget": budget.get("reason") if budget.get("status") == "unsupported" else None,
+        "unsupported_whole": whole.get("reason") if whole.get("status") == "unsupported" else None,
         "budget_gb": budget_gb,
         "gpu_model": (", ".join(prov.get("gpu_models") or []) or f"CPU: {prov.get('cpu_model')}") if prov else None,
         "engine": prov.get("engine"),
@@ -170,10 +174,13 @@ def _measured_note(df: pl.DataFrame, budget: str) -> str:
     if budget == NO_BUDGET:  # e.g. the CPU engine: the budget columns are empty
         measured = "measured = the largest batch that fits vLLM's reported KV-cache capacity with the whole memory"
     else:
+        a100 = " (emulating the A100's 36 GB)" if budget == "36 GB" else ""
+        shares = sorted({f"{100 * u:.0f}%" for u in df["whole_memory_share"].drop_nulls()}) \
+            if "whole_memory_share" in df.columns else []  # fmt: skip
         measured = (
             f"analytic = the paper's KV-cache formula for a {budget} budget; measured = the largest batch that fits "
-            f"vLLM's reported KV-cache capacity with the server limited to {budget} (emulating the A100's 36 GB), "
-            "and with the whole GPU (90%)"
+            f"vLLM's reported KV-cache capacity with the server limited to {budget}{a100}, and with the whole GPU"
+            + (f" ({', '.join(shares)} of its memory)" if shares else "")
         )
     return (
         "Maximum batch size (powers of two, capped at 512). Paper: its Table 1 (vLLM 0.1.7, A100 40 GB, 90% of the "
@@ -185,13 +192,19 @@ def _not_probed(df: pl.DataFrame, budget: str, names: Mapping[str, tuple[str, fl
     """A line naming each model with a probe still missing, and which."""
     if "measured_max_batch_whole" not in df.columns:
         return []
-    todo = []
+    todo, refused = [], []
     for r in df.iter_rows(named=True):
+        kinds = ((budget, "unsupported_budget"), ("whole GPU", "unsupported_whole"))
+        said = [f"{what}: {r[key]}" for what, key in kinds if r.get(key)]
+        if said:
+            refused.append(f"{names[r['model']][0]} ({'; '.join(said)})")
         probes = [budget] if budget != NO_BUDGET and r.get("measured_max_batch_budget") is None else []
         probes += ["whole GPU"] if r["measured_max_batch_whole"] is None else []
+        probes = [p for p in probes if not r.get("unsupported_budget" if p == budget else "unsupported_whole")]
         if probes:
             todo.append(f"{names[r['model']][0]} ({', '.join(probes)})")
-    return [f"Not measured yet (no KV-cache probe result): {', '.join(todo)}."] if todo else []
+    lines = [f"Not measured yet (no KV-cache probe result): {', '.join(todo)}."] if todo else []
+    return lines + ([f"Not served by the engine (probe result): {'; '.join(refused)}."] if refused else [])
 
 
 def _profiles_line(df: pl.DataFrame, names: Mapping[str, tuple[str, float]]) -> list[str]:
