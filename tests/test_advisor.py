@@ -148,9 +148,23 @@ def test_a_model_whose_weights_are_not_counted_gets_its_choice_and_a_note() -> N
     s = _summary([("llama7b", 4, 30.0, 29.0, 31.0, 2.0), ("llama7b", 8, 40.0, 39.5, 40.5, 3.0),
                   ("llama7b", 16, 39.0, 38.0, 40.0, 4.0)])  # fmt: skip
     cfg = capacity.load_config(ROOT / "config/models/llama-7b")
-    r = _one(advisor.advise(s, {"llama7b": cfg}, {}), "llama7b")
+    advice = advisor.advise(s, {"llama7b": cfg}, {})
+    r = _one(advice, "llama7b")
     assert r["chosen_batch"] == 8 and r["kv_analytic_gb"] is None
     assert r["note"] == "no memory figures for llama7b: param_count knows OPT only, not 'llama'"
+    chart, _ = advisor.figure(s.with_columns(family=pl.lit("LLaMA"), params=pl.lit("7B")), advice,
+                              {"llama7b": cfg}, {})  # fmt: skip
+    assert chart.to_dict()["title"].startswith("Batching advisor")  # drawn, with no KV need
+
+
+def test_the_largest_batch_that_fits_is_said_only_where_the_next_size_does_not_fit() -> None:
+    """Batches up to 16, then 64, which does not fit: 32 was never measured, so 16 is not "the largest that
+    fits"."""
+    rows = [("m", b, float(10 * b), 10 * b - 1.0, 10 * b + 1.0, 1.0) for b in (4, 8, 16)]
+    s = _summary([*rows, ("m", 64, None, None, None, None)])
+    assert _one(advisor.advise(s, {}, {}))["note"] == f"{advisor.EDGE_NOTE}; b=64 does not fit the KV cache"
+    s = _summary([*rows, ("m", 32, None, None, None, None)])
+    assert _one(advisor.advise(s, {}, {}))["note"] == advisor.FITS_NOTE.format(batch=32)
 
 
 def test_the_plateau_point_chosen_is_not_uncertain_of_reaching_its_own_fraction() -> None:
@@ -321,3 +335,18 @@ def test_probes_of_another_gpu_than_the_sweep_give_the_analytic_memory_only(summ
     assert unknown["kv_probe_gb"] == pytest.approx(same["kv_probe_gb"])
     unnamed = {"m": {**WHOLE, "provenance": {"gpu_models": []}}}  # NVML named no GPU: not another GPU
     assert _one(advisor.advise(summary.with_columns(gpu_model=pl.lit("NVIDIA H200")), cfgs, unnamed))["note"] is None
+
+
+def test_the_figure_draws_a_probe_only_where_the_table_used_it(quick: tuple) -> None:
+    """A model whose probes advise left out (another GPU's: no share_gb in its row) gets the analytic KV need
+    in the figure too, not the other GPU's probe the table refused."""
+    summary, configs, whole, budget, _ = quick
+    advice = advisor.advise(summary, configs, whole, budget)
+    refused = advice.with_columns(share_gb=pl.when(pl.col("model") == "opt125m").then(None).otherwise("share_gb"))
+    points = advisor.sweep_points(summary, Settings())
+    gpu = {m: advisor.gpu_memory_bytes(p) for m, p in budget.items()}
+    data = advisor._curve(points, refused, configs, whole, gpu).filter(pl.col("batch_size") == 256)
+    kv = dict(zip(data["model"], data["kv_gb"], strict=True))
+    assert kv["opt125m"] == pytest.approx(256 * 768 * capacity.kv_bytes_per_token(configs["opt125m"]) / 1e9)
+    used = advisor.memory(configs["opt1.3b"], whole["opt1.3b"], 256, 512, 256, gpu["opt1.3b"])
+    assert kv["opt1.3b"] == pytest.approx(used["kv_probe_gb"])

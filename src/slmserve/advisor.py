@@ -173,7 +173,11 @@ def choose(points: pl.DataFrame, settings: Settings, infeasible: Sequence[int] =
     edge = []
     if plateau["batch_size"] == points["batch_size"].max():
         larger = [b for b in infeasible if b > plateau["batch_size"]]
-        edge = [FITS_NOTE.format(batch=min(larger)) if larger else EDGE_NOTE]
+        # "the largest that fits" only where the next batch size (sweeps double it) is the one that does not
+        if larger and min(larger) == 2 * plateau["batch_size"]:
+            edge = [FITS_NOTE.format(batch=min(larger))]
+        else:
+            edge = [EDGE_NOTE, *([f"b={min(larger)} does not fit the KV cache"] if larger else [])]
     hits = eligible.filter(pl.col("throughput_rps") >= target)
     if hits.is_empty():
         bound = settings.bound_text()
@@ -411,11 +415,17 @@ def _curve(points: pl.DataFrame, advice: pl.DataFrame, model_configs: Mapping[st
     """Per plotted point: throughput with CI, the probe's KV need at its batch (analytic without a probe),
     and whether it is the chosen one."""
     chosen = dict(zip(advice["model"], advice["chosen_batch"], strict=True)) if "chosen_batch" in advice.columns else {}
+    # the probes advise kept (it leaves out another GPU's: _other_gpu); the others get the analytic need
+    kept = set(advice.filter(pl.col("share_gb").is_not_null())["model"]) if "share_gb" in advice.columns else set()
     rows = []
     for r in points.iter_rows(named=True):
         m = r["model"]
-        mem = memory(model_configs[m], whole.get(m), r["batch_size"], r["input_len"], r["output_len"], gpu.get(m)) \
-            if m in model_configs else {}  # fmt: skip
+        probe, share = (whole.get(m), gpu.get(m)) if m in kept else (None, None)
+        try:
+            mem = memory(model_configs[m], probe, r["batch_size"], r["input_len"], r["output_len"], share) \
+                if m in model_configs else {}  # fmt: skip
+        except ValueError:  # weights not counted for this family (advise's note says so): no KV need drawn
+            mem = {}
         rows.append({
             "model": m, "batch_size": r["batch_size"], "throughput_rps": r["throughput_rps"],
             "lo": _ci(r, "lo"), "hi": _ci(r, "hi"), "kv_gb": mem.get("kv_probe_gb", mem.get("kv_analytic_gb")),
