@@ -67,16 +67,21 @@ def test_unsupported_model_is_one_start_and_a_result_per_batch_size(
     assert "3 not run: the engine does not serve the model" in caption
 
 
+def _probe_job(tmp_path: Path, model: str, folder: str) -> runner.SweepJob:
+    """A KV-cache probe's job of ``model`` (its config in config/models/``folder``), the paper's workload."""
+    return runner.SweepJob(
+        model=model, model_path=f"config/models/{folder}", load_format="dummy", tensor_parallel=1,
+        batch_sizes=[512], prompts_path=Path("-"), outputs={}, log_dir=tmp_path, input_len=512, output_len=256,
+        num_requests=1,
+    )  # fmt: skip
+
+
 def test_a_kv_probe_of_an_unsupported_model_is_a_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
     monkeypatch.setattr(runner, "VllmServer", StandInUnsupportedServer)
     StandInUnsupportedServer.starts = 0
-    job = runner.SweepJob(
-        model="mpt7b", model_path="config/models/mpt-7b", load_format="dummy", tensor_parallel=1,
-        batch_sizes=[512], prompts_path=Path("-"), outputs={}, log_dir=tmp_path, input_len=512, output_len=256,
-        num_requests=1,
-    )  # fmt: skip
+    job = _probe_job(tmp_path, "mpt7b", "mpt-7b")
     out = tmp_path / "mpt7b-whole.json"
     result = runner.probe_capacity(job, None, out)
     assert StandInUnsupportedServer.starts == 1
@@ -112,11 +117,7 @@ def test_a_kv_probe_whose_budget_exceeds_the_gpu_is_recorded_infeasible(
     monkeypatch.setattr(runner, "memory_settings", too_small)
     monkeypatch.setattr(runner, "VllmServer", StandInUnsupportedServer)
     StandInUnsupportedServer.starts = 0
-    job = runner.SweepJob(
-        model="opt13b", model_path="config/models/opt-13b", load_format="dummy", tensor_parallel=1,
-        batch_sizes=[512], prompts_path=Path("-"), outputs={}, log_dir=tmp_path, input_len=512, output_len=256,
-        num_requests=1,
-    )  # fmt: skip
+    job = _probe_job(tmp_path, "opt13b", "opt-13b")
     out = tmp_path / "opt13b-36gb.json"
     runner.probe_capacity(job, 36.0, out)
     on_disk = capacity.read_probe(out)

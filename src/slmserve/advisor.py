@@ -282,18 +282,16 @@ def advise(
     planned = sweep_points(summary, settings, None)
     rows = []
     for model in dict.fromkeys([*models, *summary["model"].drop_nulls().to_list()]):
-        too_large = infeasible.filter(pl.col("model") == model)["batch_size"].to_list()
-        have = {*too_large, *points.filter(pl.col("model") == model)["batch_size"].to_list()}
-        gaps = {
-            r["batch_size"]: r["status"] if r["status"] != "ok" else "no throughput"
-            for r in planned.filter(pl.col("model") == model).iter_rows(named=True)
-            if r["batch_size"] not in have
-        }
         mine = points.filter(pl.col("model") == model)
+        too_large = infeasible.filter(pl.col("model") == model)["batch_size"].to_list()
+        have = {*too_large, *mine["batch_size"]}
+        planned_here = planned.filter(pl.col("model") == model).iter_rows(named=True)
+        gaps = {r["batch_size"]: r["status"] if r["status"] != "ok" else "no throughput"
+                for r in planned_here if r["batch_size"] not in have}  # fmt: skip
         row: dict[str, Any] = {"model": model, **choose(mine, settings, too_large, gaps)}
         if row.get("plateau_rps") is not None and model in model_configs:
             probes = [whole.get(model), (budget or {}).get(model)]
-            other = _other_gpu(probes, points.filter(pl.col("model") == model))
+            other = _other_gpu(probes, mine)
             if other:  # another GPU's memory: the analytic figures only
                 probes = [None, None]
                 row["note"] = "; ".join(filter(None, [row.get("note"), other]))

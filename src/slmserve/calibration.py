@@ -114,12 +114,12 @@ def to_markdown(frame: pl.DataFrame) -> str:
     notes += [f"- {r['model']} on {r['gpu_model']}: {r['machines']} machines, {_fmt(r['lowest'])} to "
               f"{_fmt(r['highest'])} req/s (highest / lowest {_ratio(r)})"
               for r in sp.iter_rows(named=True)]  # fmt: skip
-    if not sp.is_empty():
+    if sp.is_empty():
+        notes.append("- No model has been calibrated on two machines of one GPU model yet: no spread between machines.")
+    else:
         notes.append("- Highest / lowest: ratio of the two machines' means with its 95% CI (delta method, Welch df); "
                      "\"resolved\" where the CI excludes 1. Picked as the extremes of several machines, the ratio "
                      "overstates a typical pair's.")  # fmt: skip
-    if sp.is_empty():
-        notes.append("- No model has been calibrated on two machines of one GPU model yet: no spread between machines.")
     if not sp.is_empty() and frame["gpu_model"].n_unique() > 1:
         notes.append("- Machines of different GPU models are not one spread: each line above is one GPU model's.")
     if "n_beside" in frame.columns:  # a point meant to be measured alone that was not

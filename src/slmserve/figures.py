@@ -1126,7 +1126,9 @@ def _batch_figure(
     telemetry = [c for c in metrics if c not in ("throughput_rps", "latency_mean_s")]
     plotted = _finite(runs, ["batch_size"]).filter(pl.any_horizontal(pl.col(c).is_not_null() for c in metrics)) \
         if set(metrics) <= set(runs.columns) else runs.head(0)  # fmt: skip
-    notes = [*notes, *point_notes(plotted, metrics), *(n for m in metrics if y_log for n in log_ci_notes(plotted, m))]
+    notes = [*notes, *point_notes(plotted, metrics)]
+    if y_log:  # an interval reaching 0 is not drawn on the log axis: say where
+        notes += [n for m in metrics for n in log_ci_notes(plotted, m)]
     if "energy_per_token_j" in metrics:
         notes += _energy_note(plotted)
     return chart, caption(frame, what, left_out + notes, telemetry=telemetry)

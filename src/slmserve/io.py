@@ -23,14 +23,15 @@ os.umask(_UMASK)
 def _temp_beside(target: Path) -> tuple[int, str]:
     """A temporary file in ``target``'s folder, made if missing: another job that empties a shared folder
     may remove it between the two steps (slmserve.journal.discard_saved), so that is tried again."""
-    for _ in range(2):
+
+    def make() -> tuple[int, str]:
         target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            return tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
-        except FileNotFoundError:
-            continue
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
+        return tempfile.mkstemp(prefix=f".tmp-{target.name}.", dir=target.parent)
+
+    try:
+        return make()
+    except FileNotFoundError:
+        return make()
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -167,8 +168,8 @@ def measure(
     jobs_before = _ask(beside)
     before: list[dict[str, float]] = [{} for _ in servers]  # each read after its load's warm-up
 
-    def reader(i: int) -> Callable[[], None]:
-        return lambda: before.__setitem__(i, servers[i].counters())
+    def read_counters(i: int) -> None:
+        before[i] = servers[i].counters()
 
     sampler = telemetry.Sampler(gpu_ids, interval_s)
     pollers = [enginemetrics.GaugePoller(srv.base_url) for srv in servers]
@@ -178,7 +179,7 @@ def measure(
         if sample:
             sampler.start()
             stack.callback(sampler.stop)
-        results = _run_loads(servers, specs, where, [reader(i) for i in range(len(servers))])
+        results = _run_loads(servers, specs, where, [functools.partial(read_counters, i) for i in range(len(servers))])
     tel = sampler.frame if sample and sampler.frame is not None else telemetry.empty_frame()
     after = [srv.counters() for srv in servers]
     meta = {

@@ -59,9 +59,10 @@ def control_binary() -> str | None:
     return None
 
 
-def unavailable(gpu_ids: Sequence[str], off: str = "experiments.replication.mps: false") -> str | None:
+def unavailable(gpu_ids: Sequence[str], off: str | None = None) -> str | None:
     """Why MPS cannot run for a job holding ``gpu_ids``; None if it can. ``off``: the setting that turns
-    this job's MPS off, named in the answer."""
+    this job's MPS off, named in the answer (by default the equal split's)."""
+    off = off or "experiments.replication.mps: false"
     if not gpu_ids:
         return f"MPS needs a GPU; this job has none (CPU engine): set {off}"
     if control_binary() is None:

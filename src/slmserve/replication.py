@@ -172,7 +172,7 @@ def run_replication(job: SweepJob, replicas: int, one_gpu_max: int, out: Path, *
             if batch < 1:
                 return write_unmeasured(paths, head, f"one-GPU maximum batch {one_gpu_max} < {replicas} replicas")
             off = "experiments.replication.advisor_plan.variants without mps" if plan == "advisor" else None
-            why = (mps.unavailable(alloc.ids, off) if off else mps.unavailable(alloc.ids)) if use_mps else None
+            why = mps.unavailable(alloc.ids, off) if use_mps else None
             if why is not None:
                 return write_unmeasured(paths, head, why, status="unsupported")
             share = dataclasses.replace(

@@ -198,9 +198,9 @@ def _not_probed(df: pl.DataFrame, budget: str, names: Mapping[str, tuple[str, fl
         said = [f"{what}: {r[key]}" for what, key in kinds if r.get(key)]
         if said:
             refused.append(f"{names[r['model']][0]} ({'; '.join(said)})")
-        probes = [budget] if budget != NO_BUDGET and r.get("measured_max_batch_budget") is None else []
-        probes += ["whole GPU"] if r["measured_max_batch_whole"] is None else []
-        probes = [p for p in probes if not r.get("unsupported_budget" if p == budget else "unsupported_whole")]
+        probes = [budget] if budget != NO_BUDGET and r.get("measured_max_batch_budget") is None \
+            and not r.get("unsupported_budget") else []  # fmt: skip
+        probes += ["whole GPU"] if r["measured_max_batch_whole"] is None and not r.get("unsupported_whole") else []
         if probes:
             todo.append(f"{names[r['model']][0]} ({', '.join(probes)})")
     lines = [f"Not measured yet (no KV-cache probe result): {', '.join(todo)}."] if todo else []
