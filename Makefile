@@ -12,7 +12,7 @@ CORES ?= 2
 # profile's in results/quick/; probes count only where the profile draws Table 1: a100-36gb reuses Table 1's);
 # REPLOT_CONFIGS=config/smoke.yaml for the smoke results instead. REPLOT_ARGS: more Snakemake options.
 # Reports: report.html (paper), report-<profile>.html (the others).
-REPLOT_CONFIGS ?= config/config.yaml config/quick.yaml config/quick-opt1.3b.yaml config/quick-tp.yaml config/tp2.yaml config/a100-36gb.yaml config/h200.yaml config/h200-36gb.yaml
+REPLOT_CONFIGS ?= config/config.yaml config/quick.yaml config/quick-opt1.3b.yaml config/quick-opt1.3b-rerun.yaml config/quick-tp.yaml config/tp2.yaml config/a100-36gb.yaml config/h200.yaml config/h200-36gb.yaml
 REPLOT_ARGS ?=
 
 .PHONY: setup demo test lint dryrun replot report clean-smoke

@@ -367,6 +367,25 @@ def test_one_model_quick_profile_is_the_quick_profiles_opt13b_jobs(tmp_path: Pat
     assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 10
 
 
+def test_rerun_profile_is_the_one_model_quick_profile_measured_again(tmp_path: Path) -> None:
+    """config/quick-opt1.3b-rerun.yaml is set beside config/quick-opt1.3b.yaml point by point (bench/rerun.py):
+    only its names and folders may differ, and its committed results are complete (`all` measures nothing)."""
+    names = ("quick-opt1.3b", "quick-opt1.3b-rerun")
+    one, again = (yaml.safe_load((ROOT / f"config/{n}.yaml").read_text()) for n in names)
+    assert {k for k in one.keys() | again.keys() if one.get(k) != again.get(k)} == {"profile", "outdir", "figdir"}
+    committed = ROOT / again["outdir"]
+    if not (committed / "capacity").exists():
+        pytest.skip(f"{again['outdir']} not in this checkout")
+    out = tmp_path / "results"
+    shutil.copytree(committed, out, ignore=shutil.ignore_patterns("data"))
+    for path in out.rglob("*"):
+        os.utime(path, (1e9, 1e9))
+    proc = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", f"config/{names[1]}.yaml",
+                     "--config", f"outdir={out}", f"figdir={tmp_path}/figs")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not {"kv_probe", "sweep", "replication", "replication_plan"} & set(_job_counts(proc.stdout))
+
+
 def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -> None:
     """results/quick holds the quick profile measured on an H100 (all 18 GPU jobs of the paper's part):
     whatever the checkout's file times, `all` re-runs no measurement (the prompts are rebuilt, not the runs)
