@@ -31,9 +31,9 @@ def test_every_point_of_both_runs_is_paired_with_its_ratio_and_verdict(outdirs: 
     for r in table.iter_rows(named=True):
         assert r["ratio"] == pytest.approx(r["b_throughput_rps"] / r["a_throughput_rps"])
         assert r["ratio_ci_lo"] < r["ratio"] < r["ratio_ci_hi"]
-        assert r["verdict"] == stats.verdict(r["ratio_ci_lo"], r["ratio_ci_hi"], rerun.TOLERANCE)
+        assert r["verdict"] == stats.verdict(r["ratio_ci_lo"], r["ratio_ci_hi"], 0.03)
     assert table.filter(pl.col("point") == "opt1.3b tp1 b=256 out=256")["verdict"].item() == "differ"
-    assert table.filter(pl.col("point") == "opt1.3b x3 equal together")["verdict"].item() == "agree"
+    assert table.filter(pl.col("point") == "opt1.3b x3 b=170 equal together")["verdict"].item() == "agree"
 
 
 def test_the_committed_table_is_what_the_results_give(outdirs: tuple[Path, Path], tmp_path: Path) -> None:
@@ -43,14 +43,49 @@ def test_the_committed_table_is_what_the_results_give(outdirs: tuple[Path, Path]
     assert out.read_text() == CSV.read_text()
 
 
-def test_a_point_of_one_run_only_is_listed_not_dropped(outdirs: tuple[Path, Path]) -> None:
-    a, b = outdirs
-    sweep = b / "summary/sweep.parquet"
-    pl.read_parquet(sweep).filter(pl.col("batch_size") != 8).write_parquet(sweep)
+def _sweep(batch: int, throughput: float | None, n: int, status: str = "ok", rate: float = float("inf")) -> dict:
+    return {"model": "opt1.3b", "tp": 1, "batch_size": batch, "input_len": 512, "output_len": 256,
+            "arrival_rate": rate, "status": status, "n_repeats": 3, "throughput_rps_n": n,
+            "throughput_rps": throughput, "throughput_rps_sd": None if throughput is None else 0.005 * throughput,
+            "throughput_rps_ci_lo": None, "throughput_rps_ci_hi": None, "sm_clock_mhz_mean": 1980.0,
+            "gpu_util_mean": 90.0, "machines": "m"}  # fmt: skip
+
+
+def _replication(replicas: int, throughput: float, budget: float | None) -> dict:
+    row = _sweep(256, throughput, 3)
+    for key in ("tp", "batch_size", "arrival_rate"):
+        row.pop(key)
+    return {**row, "replicas": replicas, "batch_per_replica": 256, "plan": "equal", "start": "together",
+            "mps": False, "memory_budget_gb": budget}  # fmt: skip
+
+
+def _write(outdir: Path, sweep: list[dict], replication: list[dict]) -> Path:
+    (outdir / "summary").mkdir(parents=True)
+    pl.DataFrame(sweep).write_parquet(outdir / "summary/sweep.parquet")
+    pl.DataFrame(replication).write_parquet(outdir / "summary/replication.parquet")
+    return outdir
+
+
+def test_no_row_is_dropped_and_n_is_the_repeats_with_a_value(tmp_path: Path) -> None:
+    a = _write(tmp_path / "a", [_sweep(1, 2.0, 3), _sweep(2, 4.0, 3), _sweep(4, None, 0, "infeasible"),
+                                _sweep(16, 30.0, 1), _sweep(64, 50.0, 3, rate=2.0)],
+               [_replication(1, 60.0, None)])  # every budget null: a Null column  # fmt: skip
+    b = _write(tmp_path / "b", [_sweep(1, 2.2, 2), _sweep(4, None, 0, "infeasible"), _sweep(8, 14.0, 3),
+                                _sweep(16, 31.0, 3), _sweep(64, 50.2, 3, rate=2.0)],
+               [_replication(1, 61.0, None), _replication(1, 40.0, 36.0)])  # fmt: skip
     table = rerun.compare(a, b)
-    only = table.filter(pl.col("verdict") == "only in A")
-    assert only["point"].to_list() == ["opt1.3b tp1 b=8 out=256"] and only["ratio"].to_list() == [None]
-    assert table.height == 13
+    by = {r["point"]: r for r in table.iter_rows(named=True)}
+    assert table.height == 8 and len(by) == 8
+    b1 = by["opt1.3b tp1 b=1 out=256"]
+    expect = stats.ratio_ci_of({"n": 2, "mean": 2.2, "sd": 0.011}, {"n": 3, "mean": 2.0, "sd": 0.01})
+    assert (b1["ratio_ci_lo"], b1["ratio_ci_hi"]) == pytest.approx((expect["ci_lo"], expect["ci_hi"]))  # not n_repeats
+    assert by["opt1.3b tp1 b=2 out=256"]["verdict"] == "only in A"
+    assert by["opt1.3b tp1 b=8 out=256"]["verdict"] == "only in B"
+    assert by["opt1.3b tp1 b=4 out=256"]["verdict"] == "not measured in A (infeasible)"
+    assert by["opt1.3b tp1 b=16 out=256"]["verdict"] == "inconclusive"  # one repeat in A: no interval
+    assert by["opt1.3b tp1 b=64 out=256 rate=2"]["verdict"] == "agree"
+    assert by["opt1.3b x1 b=256 equal together"]["ratio"] == pytest.approx(61 / 60)
+    assert by["opt1.3b x1 b=256 equal together 36 GB"]["verdict"] == "only in B"
 
 
 def test_a_missing_summary_names_the_file(outdirs: tuple[Path, Path]) -> None:

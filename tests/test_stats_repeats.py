@@ -149,3 +149,11 @@ def test_a_metric_missing_in_one_repeat_counts_its_own_values_and_the_caption_sa
     both = figures._ci_note(analysis.points(none), ["throughput_rps", "power_w_mean"])
     assert "drawn as error bars on throughput at the 2 points" in both  # not "on throughput, power"
     assert "power: no CI at any point (fewer than 2 values)" in both
+
+
+def test_summary_sample_counts_the_repeats_with_a_value() -> None:
+    """A summary row's n for a ratio is the metric's own count: a repeat without a value narrows no interval."""
+    row = {"n_repeats": 3, "throughput_rps_n": 2, "throughput_rps": 10.0, "throughput_rps_sd": 1.0}
+    assert stats.summary_sample(row) == {"n": 2, "mean": 10.0, "sd": 1.0}
+    assert stats.summary_sample({"n_repeats": 3, "latency_mean_s": 2.0}, "latency_mean_s")["n"] == 3  # older rows
+    assert stats.summary_sample({"throughput_rps": 1.0})["n"] == 1

@@ -913,12 +913,6 @@ def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     )
 
 
-def _throughput_sample(r: Mapping[str, Any]) -> dict[str, Any]:
-    """A summary row's throughput as :func:`slmserve.stats.ratio_ci_of` takes it: n, mean and sd."""
-    return {"n": r.get("throughput_rps_n") or r.get("n_repeats") or 1, "mean": r["throughput_rps"],
-            "sd": r.get("throughput_rps_sd")}  # fmt: skip
-
-
 def _drain_note(runs: pl.DataFrame) -> list[str]:
     """Why the models' points agree in the throughput-latency plane: with all ``n`` requests sent at once,
     ``drain = throughput_rps * latency_mean_s / (n / 2)`` (``n`` = the point's ``n_ok``) is close to 1 while the
@@ -977,7 +971,7 @@ def _family_ratios(runs: pl.DataFrame, tolerance: float = FAMILY_TOLERANCE) -> l
             other = ref.get((r["batch_size"], r["gpu_model"]))
             if other is None:
                 continue  # no OPT point at this batch and GPU model
-            g = stats.ratio_ci_of(_throughput_sample(r), _throughput_sample(other))
+            g = stats.ratio_ci_of(stats.summary_sample(r), stats.summary_sample(other))
             if g["ratio"] is None:
                 continue  # OPT's throughput is 0
             b = r["batch_size"]
@@ -1315,7 +1309,7 @@ def _plan_gains(runs: pl.DataFrame) -> list[str]:
         gains = []
         for r in rows:
             if not _one_instance(r):
-                g = stats.ratio_ci_of(_throughput_sample(r), _throughput_sample(one))
+                g = stats.ratio_ci_of(stats.summary_sample(r), stats.summary_sample(one))
                 if g["ratio"] is not None:
                     gains.append((g, setup_label(r)))
         if not gains:

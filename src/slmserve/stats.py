@@ -63,6 +63,13 @@ def ratio_ci_of(da: Mapping[str, Any], db: Mapping[str, Any]) -> dict[str, Any]:
     return {"ratio": ratio, "ci_lo": ratio - half, "ci_hi": ratio + half}
 
 
+def summary_sample(row: Mapping[str, Any], metric: str = "throughput_rps") -> dict[str, Any]:
+    """A summary row's ``metric`` as :func:`ratio_ci_of` takes it: ``n`` (the repeats with a value,
+    ``<metric>_n``; ``n_repeats``, then 1, for rows written without it), ``mean`` and ``sd``."""
+    return {"n": row.get(f"{metric}_n") or row.get("n_repeats") or 1, "mean": row.get(metric),
+            "sd": row.get(f"{metric}_sd")}  # fmt: skip
+
+
 def verdict(ci_lo: float | None, ci_hi: float | None, tolerance: float) -> str:
     """What a ratio's 95% CI ``[ci_lo, ci_hi]`` says of "the two are equal within ``tolerance``":
     ``agree`` if it contains 1 and its half-width is at most ``tolerance`` (then the ratio itself is within
