@@ -82,8 +82,7 @@ def pair(experiment: str, a: pl.DataFrame, b: pl.DataFrame, tolerance: float) ->
     joined = sides[0].join(sides[1], on=keys, how="full", coalesce=True, nulls_equal=True)
     rows = []
     for r in joined.sort(keys).iter_rows(named=True):
-        da, db = ({"n": r[f"{s}_throughput_rps_n"], "mean": r[f"{s}_throughput_rps"],
-                   "sd": r[f"{s}_throughput_rps_sd"]} for s in ("a", "b"))  # fmt: skip
+        da, db = (stats.summary_sample({c: r[f"{s}_{c}"] for c in SIDE}) for s in ("a", "b"))
         ci = stats.ratio_ci_of(db, da)
         rows.append({"experiment": experiment, "point": label(experiment, r),
                      **{f"{s}_{c}": r[f"{s}_{c}"] for s in ("a", "b") for c in SIDE},

@@ -255,6 +255,14 @@ def test_dry_run_smoke_dag(tmp_path: Path) -> None:
                     "total": 27}  # fmt: skip
 
 
+def _aged_copy(src: Path, dst: Path) -> None:
+    """Committed results copied to ``dst`` (prompts left out), older than every script and config, as a checkout
+    may leave them: a test of what `all` plans must not depend on the file times."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("data"))
+    for path in dst.rglob("*"):
+        os.utime(path, (1e9, 1e9))
+
+
 def test_paper_dag_plans_only_the_probes_missing_from_results(tmp_path: Path) -> None:
     """results/capacity holds every Table 1 probe of the paper profile (5 models, 36 GB and whole GPU) and the
     family models' probes, measured on H100s: `all` re-runs none of them, whatever the file times; with one
@@ -265,9 +273,7 @@ def test_paper_dag_plans_only_the_probes_missing_from_results(tmp_path: Path) ->
     families = {f"{m}-whole.json" for m in ("llama7b", "gptj6b", "mpt7b")}
     assert table1 | families <= {p.name for p in committed.glob("*.json")}
     out = tmp_path / "results"
-    shutil.copytree(committed, out / "capacity")
-    for path in out.rglob("*"):
-        os.utime(path, (1e9, 1e9))
+    _aged_copy(committed, out / "capacity")
 
     def planned() -> tuple[dict[str, int], str]:
         proc = snakemake("all", "-n", "--cores", "4", "--config", f"outdir={out}", f"figdir={tmp_path}/figs")
@@ -377,9 +383,7 @@ def test_rerun_profile_is_the_one_model_quick_profile_measured_again(tmp_path: P
     if not (committed / "capacity").exists():
         pytest.skip(f"{again['outdir']} not in this checkout")
     out = tmp_path / "results"
-    shutil.copytree(committed, out, ignore=shutil.ignore_patterns("data"))
-    for path in out.rglob("*"):
-        os.utime(path, (1e9, 1e9))
+    _aged_copy(committed, out)
     proc = snakemake("all", "-n", "--cores", "4", "--resources", "gpu=1", "--configfile", f"config/{names[1]}.yaml",
                      "--config", f"outdir={out}", f"figdir={tmp_path}/figs")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -395,9 +399,7 @@ def test_quick_profile_resumes_from_the_committed_h100_results(tmp_path: Path) -
     if not (committed / "capacity").exists():
         pytest.skip("results/quick not in this checkout")
     out = tmp_path / "results"
-    shutil.copytree(committed, out, ignore=shutil.ignore_patterns("data"))
-    for path in out.rglob("*"):  # older than every script and config, as a checkout may leave them
-        os.utime(path, (1e9, 1e9))
+    _aged_copy(committed, out)
 
     no_plans = tmp_path / "no-plans.yaml"
     no_plans.write_text("experiments:\n  replication:\n    advisor_plan:\n      variants: []\n")
