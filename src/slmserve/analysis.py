@@ -36,7 +36,7 @@ METRICS: dict[str, pl.DataType] = {
     "power_w_mean_per_gpu": _F, "energy_j": _F, "mem_used_mb_max": _F, "cpu_util_mean": _F, "n_samples": _I,
     "n_gpus": _I, "nvml_ok": _B, "gpm_ok": _B, "energy_per_token_j": _F, "energy_window_s": _F,
     "energy_samples": _I, "energy_window_ok": _B, "effective_batch": _F, "gauge_samples": _I, "beside": pl.String(),
-    "n_beside": _I,
+    "n_beside": _I, "host_steal_frac": _F,
 }  # fmt: skip
 RUN_METRICS: dict[str, pl.DataType] = {
     "n_error": _I, "window_start_s": _F, "window_end_s": _F, "duration_s": _F, "output_tokens": _I,
@@ -203,6 +203,7 @@ def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame
         gauge_samples=engine.get("gauge_samples"),
         running_max=engine.get("running_max"),
         beside=beside_text(rep),
+        host_steal_frac=rep.get("host_steal_frac"),  # telemetry.steal_frac over the measured phase
         client_ok=bool(
             load.get("lag_ok", True)
             and load.get("inflight_ok", True)

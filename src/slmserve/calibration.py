@@ -3,17 +3,20 @@
 As its first GPU job (rule ``calibrate``; a session may order it later), each machine measures one point per
 calibration model (config ``calibration``: by default OPT-125M and OPT-1.3B at batch 256, 3 repeats), written
 as ``calibration/<machine>/<model>.requests.parquet`` (:mod:`slmserve.machine` names the machine).
-:func:`table` gives one row per such file: the machine, its GPU model and driver, host CPU model and cores,
-engine version, batch, ``n`` repeats and the system throughput (req/s) as mean, SD, ``cv = sd / mean`` and 95%
-CI (:func:`slmserve.stats.describe` over the repeats of :func:`slmserve.analysis.summarize_repeats`), the
-repeats it measured beside other GPU jobs of the host (``n_beside``, ``beside``:
-:func:`slmserve.analysis.beside_of`), and when it was measured. :func:`spread`: per model and GPU model, the
-ratio of the largest machine mean to the smallest with its 95% CI (no claim without 2 machines of one GPU
-model: an H200 beside H100s is another GPU, not a faster machine).
+:func:`table` gives one row per such file: the machine, its GPU model and driver, host CPU model, cores,
+CPUID and Python speed (:func:`slmserve.provenance.cpu_id`, :func:`slmserve.provenance.host_speed_ms`; null
+in files written before 2026-11-29), the mean CPU steal over the repeats (``host_steal_frac``,
+:func:`slmserve.telemetry.steal_frac`), engine version, batch, ``n`` repeats and the system throughput (req/s)
+as mean, SD, ``cv = sd / mean`` and 95% CI (:func:`slmserve.stats.describe` over the repeats of
+:func:`slmserve.analysis.summarize_repeats`), the repeats it measured beside other GPU jobs of the host
+(``n_beside``, ``beside``: :func:`slmserve.analysis.beside_of`), and when it was measured. :func:`spread`:
+per model and GPU model, the ratio of the largest machine mean to the smallest with its 95% CI (no claim
+without 2 machines of one GPU model: an H200 beside H100s is another GPU, not a faster machine).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -22,10 +25,10 @@ import polars as pl
 
 from slmserve import analysis, io, layout, stats
 
-COLUMNS = ("machine", "model", "gpu_model", "driver", "cpu_model", "cpu_cores", "engine_version", "batch_size",
-           "n", "throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi", "n_beside", "beside", "created",
-           "path")  # fmt: skip
-_FLOATS = ("throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi")
+COLUMNS = ("machine", "model", "gpu_model", "driver", "cpu_model", "cpu_cores", "cpu_id", "host_speed_ms",
+           "engine_version", "batch_size", "n", "throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi",
+           "host_steal_frac", "n_beside", "beside", "created", "path")  # fmt: skip
+_FLOATS = ("host_speed_ms", "throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi", "host_steal_frac")
 
 
 def row(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -36,13 +39,17 @@ def row(path: str | os.PathLike[str]) -> dict[str, Any]:
     prov = io.read_meta(path)["provenance"]
     reps = analysis.summarize_repeats(path)
     d = stats.describe([r.get("throughput_rps") for r in reps])
+    steal = [r["host_steal_frac"] for r in reps if r.get("host_steal_frac") is not None]
     return {
         "machine": keys["machine"], "model": keys["model"], "gpu_model": analysis.gpu_model(prov),
         "driver": prov.get("driver"), "cpu_model": prov.get("cpu_model"), "cpu_cores": prov.get("cpu_cores"),
+        "cpu_id": prov.get("cpu_id"), "host_speed_ms": prov.get("host_speed_ms"),
         "engine_version": prov.get("engine_version"), "batch_size": reps[0].get("batch_size"), "n": d["n"],
         "throughput_rps": d["mean"], "throughput_rps_sd": d["sd"],
         "cv": d["sd"] / d["mean"] if d["sd"] is not None and d["mean"] else None,
-        "ci_lo": d["ci_lo"], "ci_hi": d["ci_hi"], **analysis.beside_of([r.get("beside") for r in reps]),
+        "ci_lo": d["ci_lo"], "ci_hi": d["ci_hi"],
+        "host_steal_frac": math.fsum(steal) / len(steal) if steal else None,
+        **analysis.beside_of([r.get("beside") for r in reps]),
         "created": prov.get("created"), "path": str(path),
     }  # fmt: skip
 
@@ -94,22 +101,34 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _host(r: dict[str, Any]) -> str:
+    """``Intel(R) Xeon(R) Processor (16; GenuineIntel 6/207/2; 0.452 ms)``; the parts a file records."""
+    speed = None if r.get("host_speed_ms") is None else f"{r['host_speed_ms']:.3f} ms"
+    parts = [str(x) for x in (r["cpu_cores"], r.get("cpu_id"), speed) if x is not None]
+    return f"{r['cpu_model']} ({'; '.join(parts)})"
+
+
 def to_markdown(frame: pl.DataFrame) -> str:
     """The table (req/s: mean [95% CI], n, CV) and, where 2 or more machines measured a model, its spread."""
-    head = ("| machine | GPU (driver) | host CPU (cores) | vLLM | model | batch | req/s mean [95% CI] | n | CV |\n"
-            "|:---|:---|:---|:---|:---|---:|---:|---:|---:|")  # fmt: skip
+    head = ("| machine | GPU (driver) | host CPU (cores; CPUID; Python ms) | vLLM | model | batch | "
+            "req/s mean [95% CI] | n | CV | CPU steal |\n"
+            "|:---|:---|:---|:---|:---|---:|---:|---:|---:|---:|")  # fmt: skip
     body = [
-        f"| {r['machine']} | {r['gpu_model']} ({r['driver'] or '-'}) | {r['cpu_model']} ({r['cpu_cores']}) | "
+        f"| {r['machine']} | {r['gpu_model']} ({r['driver'] or '-'}) | {_host(r)} | "
         f"{r['engine_version']} | {r['model']} | {r['batch_size']} | {_fmt(r['throughput_rps'])} "
         f"[{_fmt(r['ci_lo'])}, {_fmt(r['ci_hi'])}] | {r['n']} | "
-        f"{_pct(r['cv'])} |"
+        f"{_pct(r['cv'])} | {_pct(r.get('host_steal_frac'))} |"
         for r in frame.iter_rows(named=True)
     ]
     sp = spread(frame)
     notes = [
         "",
         "One calibration point per machine (config `calibration`; slmserve.calibration), planned as its first "
-        "GPU job (rule `calibrate`); the csv's `created` says when it ran. CI: Student's t over the repeats.",
+        "GPU job (rule `calibrate`); the csv's `created` says when it ran. CI: Student's t over the repeats. "
+        "Python ms: slmserve.provenance.host_speed_ms, a single-thread timing taken before the server started "
+        "(lower is faster); CPU steal: the share of the host's wanted CPU time its hypervisor gave to other "
+        "guests during the measured requests, mean over the repeats (slmserve.telemetry.steal_frac); both "
+        "recorded since 2026-11-29.",
     ]
     notes += [f"- {r['model']} on {r['gpu_model']}: {r['machines']} machines, {_fmt(r['lowest'])} to "
               f"{_fmt(r['highest'])} req/s (highest / lowest {_ratio(r)})"

@@ -163,12 +163,18 @@ def measure(
     """Run ``specs[i]`` against ``servers[i]``, all at once, with the telemetry sampler (when ``sample``)
     and a poller of each server's running-request gauge; raise :class:`ServerError` if a server dies or a
     request fails. ``beside`` (e.g. :meth:`slmserve.gpuslots.Allocation.neighbours`) lists the other jobs
-    holding GPUs of the host; asked before and after the load, its jobs are recorded as ``beside``."""
+    holding GPUs of the host; asked before and after the load, its jobs are recorded as ``beside``. The
+    host's CPU steal over the measured phase (from the first load's end of warm-up to the last load's end) is
+    recorded as ``host_steal_frac`` (:func:`slmserve.telemetry.steal_frac`)."""
     t_start = time.monotonic()
     jobs_before = _ask(beside)
     before: list[dict[str, float]] = [{} for _ in servers]  # each read after its load's warm-up
 
+    host_before: list[Any] = []  # the host's CPU times when the first load's measured phase begins
+
     def read_counters(i: int) -> None:
+        if not host_before:
+            host_before.append(telemetry.host_cpu_times())
         before[i] = servers[i].counters()
 
     sampler = telemetry.Sampler(gpu_ids, interval_s)
@@ -180,6 +186,7 @@ def measure(
             sampler.start()
             stack.callback(sampler.stop)
         results = _run_loads(servers, specs, where, [functools.partial(read_counters, i) for i in range(len(servers))])
+    host_after = telemetry.host_cpu_times()
     tel = sampler.frame if sample and sampler.frame is not None else telemetry.empty_frame()
     after = [srv.counters() for srv in servers]
     meta = {
@@ -192,6 +199,7 @@ def measure(
             enginemetrics.effective_batch(p.samples, *_window(r)) for p, r in zip(pollers, results, strict=True)
         ],
         "telemetry": {"enabled": sample, **sampler.status},
+        "host_steal_frac": telemetry.steal_frac(host_before[0] if host_before else None, host_after),
     }
     jobs_after = _ask(beside)
     if jobs_before is not None and jobs_after is not None:

@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import subprocess
+import timeit
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,50 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's ``key: value`` lines of ``/proc/cpuinfo``; empty where there is none."""
+    try:
+        block = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+    except OSError:
+        return {}
+    pairs = (line.split(":", 1) for line in block.splitlines() if ":" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def cpu_id() -> str | None:
+    """``"GenuineIntel 6/207/2"``: vendor and CPUID family/model/stepping. A KVM guest names every Xeon
+    "Intel(R) Xeon(R) Processor"; the model number still tells the generation (207: Emerald Rapids)."""
+    info = _cpuinfo()
+    keys = ("cpu family", "model", "stepping")
+    if "vendor_id" not in info or any(k not in info for k in keys):
+        return None
+    return f"{info['vendor_id']} {'/'.join(info[k] for k in keys)}"
+
+
+def cpu_mhz() -> float | None:
+    """The first CPU's ``cpu MHz`` in ``/proc/cpuinfo`` (in a VM often the nominal clock, not the current one)."""
+    try:
+        return float(_cpuinfo()["cpu MHz"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _host_work() -> int:
+    # dict, list, tuple and generator work: the kind of Python a server's API and scheduler loops run
+    table = {i: (i, i + 1) for i in range(5000)}
+    return sum(a * b for a, b in table.values())
+
+
+@functools.cache
+def host_speed_ms(number: int = 50, repeat: int = 5) -> float:
+    """Single-thread Python speed of the host, in ms (lower is faster): the shortest of ``repeat`` timings
+    (:func:`timeit.repeat`) of ``number`` calls of a fixed pure-Python workload, per call. vLLM's API server
+    and engine core each run Python on one core, so host-bound points (OPT-125M, small batches) move with
+    it; the shortest timing is the core's speed with the least interference. Once per process, before its
+    first server starts (:func:`collect` is called before any point is served)."""
+    return 1000.0 * min(timeit.repeat(_host_work, number=number, repeat=repeat)) / number
+
+
 def gpu_info(gpu_ids: Sequence[int]) -> dict[str, Any]:
     """GPU model names and driver from NVML for the given physical ids; empty on a CPU machine."""
     if not gpu_ids:
@@ -121,6 +166,9 @@ def collect(cfg: Mapping[str, Any], gpu_ids: Sequence[int] = ()) -> dict[str, An
         "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),  # host-bound models (OPT-125M) depend on the host CPU
         "cpu_cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_id": cpu_id(),
+        "cpu_mhz": cpu_mhz(),
+        "host_speed_ms": host_speed_ms(),
         "hostname": platform.node(),
         "machine": this_machine(),  # which physical GPUs: points measured on two machines differ by their spread
         "python": platform.python_version(),

@@ -258,7 +258,8 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
       (``preemptions_measured_only``: :func:`slmserve.analysis.measured_only`);
     * ``effective_batch`` = the replicas' effective batches summed, unknown (None) if one is missing;
       ``gauge_samples`` = the fewest running-gauge samples of a replica;
-    * telemetry over the common window; ``energy_per_token_j`` = GPU energy / all output tokens.
+    * telemetry over the common window; ``energy_per_token_j`` = GPU energy / all output tokens;
+      ``host_steal_frac``: :func:`slmserve.telemetry.steal_frac` over the measured phase.
     """
     per = [analysis.request_metrics(g) for _, g in sorted(req.group_by("replica"), key=lambda kv: kv[0])]
     whole = analysis.request_metrics(req)
@@ -273,6 +274,7 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
         "preemptions_measured_only": analysis.measured_only(rep),
         **_effective_batch(rep),
         "beside": analysis.beside_text(rep),
+        "host_steal_frac": rep.get("host_steal_frac"),
     }
     t0 = rep.get("t0_mono") or 0.0
     tsum = telemetry.summarize(tel, t0 + whole["window_start_s"], t0 + whole["window_end_s"])

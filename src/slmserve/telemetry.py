@@ -416,6 +416,29 @@ class Sampler:
             self._rows.append((t_mono, t_wall, g.index, *values, cpu, True, gpm_ok))
 
 
+def host_cpu_times() -> Any | None:
+    """The host's cumulative CPU times, all CPUs summed (``psutil.cpu_times()``); None where they cannot be read."""
+    try:
+        return psutil.cpu_times()
+    except Exception:  # host telemetry never fails a run
+        return None
+
+
+_BUSY = ("user", "nice", "system", "irq", "softirq")  # Linux counts a guest's own guests in user and nice
+
+
+def steal_frac(before: Any | None, after: Any | None) -> float | None:
+    """Of the CPU time the host's CPUs wanted between two :func:`host_cpu_times`, the share the hypervisor
+    gave to other guests: ``d(steal) / (d(steal) + d(user + nice + system + irq + softirq))`` (Linux
+    ``/proc/stat``). 0 on bare metal or an uncontended VM; a host-bound model slows as it rises. None where
+    either reading is missing, the platform has no steal counter, or no CPU time passed."""
+    if before is None or after is None or not hasattr(after, "steal"):
+        return None
+    steal = after.steal - before.steal
+    wanted = steal + math.fsum(getattr(after, k, 0.0) - getattr(before, k, 0.0) for k in _BUSY)
+    return steal / wanted if wanted > 0 else None
+
+
 # summary key prefix -> column; "<prefix>_mean" and "<prefix>_max" are reported.
 _SUMMARY_METRICS: dict[str, str] = {
     "sm_active": "sm_active_pct",

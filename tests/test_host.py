@@ -1,0 +1,126 @@
+"""The host's part of a result: which CPU it was (CPUID), how fast its Python runs, and how much CPU time the
+hypervisor took during the measured requests (steal), from provenance to the calibration table."""
+
+from __future__ import annotations
+
+import shutil
+from collections import namedtuple
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from slmserve import analysis, calibration, io, measure, provenance, telemetry
+from tests.test_beside import StandInServer, _no_requests
+
+ROOT = Path(__file__).resolve().parents[1]
+POINT = ROOT / "results/quick/runs/opt1.3b/tp1-out256-rateinf/bs256"  # 3 repeats on an H100, 2026-11-23
+Times = namedtuple("Times", "user nice system idle iowait irq softirq steal")
+
+
+def test_cpu_id_is_vendor_and_cpuid_family_model_stepping(monkeypatch: pytest.MonkeyPatch) -> None:
+    guest = {"vendor_id": "GenuineIntel", "cpu family": "6", "model": "207", "stepping": "2", "cpu MHz": "2100.000",
+             "model name": "Intel(R) Xeon(R) Processor"}  # fmt: skip
+    monkeypatch.setattr(provenance, "_cpuinfo", lambda: guest)
+    assert provenance.cpu_id() == "GenuineIntel 6/207/2" and provenance.cpu_mhz() == 2100.0
+    monkeypatch.setattr(provenance, "_cpuinfo", dict)  # no /proc/cpuinfo (macOS)
+    assert provenance.cpu_id() is None and provenance.cpu_mhz() is None
+
+
+def test_cpuinfo_is_the_first_processor_of_this_linux_host() -> None:
+    info = provenance._cpuinfo()
+    assert info["processor"] == "0" and provenance.cpu_id() is not None
+
+
+def test_host_speed_is_the_fastest_timing_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def timed(work: Any, number: int, repeat: int) -> list[float]:
+        calls.append((work(), number, repeat))
+        return [0.5, 0.2, 0.3]
+
+    provenance.host_speed_ms.cache_clear()
+    monkeypatch.setattr(provenance.timeit, "repeat", timed)
+    try:
+        assert provenance.host_speed_ms(10, 3) == pytest.approx(20.0)  # 1000 * 0.2 s / 10 calls
+        assert calls == [(provenance._host_work(), 10, 3)]
+    finally:
+        provenance.host_speed_ms.cache_clear()
+    assert provenance.host_speed_ms() > 0
+
+
+def test_every_result_records_the_host_cpu_id_and_speed() -> None:
+    prov = provenance.collect({"x": 1}, ())
+    assert prov["cpu_id"] == provenance.cpu_id() and prov["host_speed_ms"] > 0
+    assert "cpu_mhz" in prov
+
+
+def test_steal_is_the_share_of_wanted_cpu_time_given_to_other_guests() -> None:
+    before = Times(user=10, nice=0, system=5, idle=100, iowait=1, irq=0, softirq=0, steal=1)
+    after = Times(user=40, nice=0, system=15, idle=900, iowait=9, irq=0, softirq=0, steal=11)
+    assert telemetry.steal_frac(before, after) == pytest.approx(10 / (10 + 30 + 10))  # idle and iowait left out
+    assert telemetry.steal_frac(before, before) is None  # no CPU time passed
+    assert telemetry.steal_frac(None, after) is None and telemetry.steal_frac(before, None) is None
+    NoSteal = namedtuple("NoSteal", "user nice system idle")  # macOS
+    assert telemetry.steal_frac(NoSteal(1, 0, 1, 1), NoSteal(2, 0, 2, 2)) is None
+
+
+def test_a_repeat_records_the_steal_of_its_measured_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read when the first load's warm-up is over (on_measure) and when the loads end: warm-up left out."""
+    readings = iter([Times(0, 0, 0, 0, 0, 0, 0, 0), Times(30, 0, 10, 0, 0, 0, 0, 10)])
+    monkeypatch.setattr(telemetry, "host_cpu_times", lambda: next(readings))
+
+    def warm_up_then_measure(servers: Any, specs: Any, where: str, on_measure: Any) -> list:
+        for f in on_measure:
+            f()
+        return _no_requests() * len(servers)
+
+    monkeypatch.setattr(measure, "_run_loads", warm_up_then_measure)
+    m = measure.measure([StandInServer(), StandInServer()], [None, None], [], interval_s=1.0, sample=False,  # type: ignore[list-item]
+                        where="")  # fmt: skip
+    assert m.meta["host_steal_frac"] == pytest.approx(0.2)  # one reading at the start, not one per load
+    monkeypatch.setattr(measure, "_run_loads", _no_requests)  # no load reached its measured phase
+    monkeypatch.setattr(telemetry, "host_cpu_times", lambda: Times(1, 0, 1, 0, 0, 0, 0, 1))
+    m = measure.measure([StandInServer()], [None], [], interval_s=1.0, sample=False, where="")  # type: ignore[list-item]
+    assert m.meta["host_steal_frac"] is None
+
+
+def _with_host(src: Path, target: Path, steal: list[float | None], prov: dict[str, Any]) -> Path:
+    """A copy of a measured point with made-up host fields (named as such) in its provenance and repeats."""
+    meta = io.read_meta(src)
+    meta["provenance"].update(prov)
+    for rep, s in zip(meta["repeats"], steal, strict=True):
+        rep["host_steal_frac"] = s
+    target.parent.mkdir(parents=True, exist_ok=True)
+    io.write_parquet(pl.read_parquet(src), target, meta)
+    shutil.copy(src.with_name(src.name.replace("requests", "telemetry")),
+                target.with_name(target.name.replace("requests", "telemetry")))  # fmt: skip
+    return target
+
+
+@pytest.mark.skipif(not POINT.with_suffix(".requests.parquet").exists(), reason="results/quick not in this checkout")
+def test_summaries_and_the_calibration_table_carry_the_host(tmp_path: Path) -> None:
+    src = POINT.with_suffix(".requests.parquet")
+    made_up = {"cpu_id": "GenuineIntel 6/207/2", "host_speed_ms": 0.4521, "cpu_mhz": 2100.0}
+    path = _with_host(src, tmp_path / "calibration/h100-80gb-hbm3-0000aaaa/opt1.3b.requests.parquet",
+                      [0.01, 0.03, None], made_up)  # fmt: skip
+    reps = analysis.summarize_repeats(path)
+    assert [r["host_steal_frac"] for r in reps] == [0.01, 0.03, None]
+    assert analysis.summarize_run(path)["host_steal_frac"] == pytest.approx(0.02)  # mean of the repeats with one
+    r = calibration.table([path]).row(0, named=True)
+    assert (r["cpu_id"], r["host_speed_ms"]) == ("GenuineIntel 6/207/2", 0.4521)
+    assert r["host_steal_frac"] == pytest.approx(0.02)
+    md = calibration.to_markdown(calibration.table([path]))
+    assert "| Intel(R) Xeon(R) Processor (16; GenuineIntel 6/207/2; 0.452 ms) |" in md and "| 2.0% |" in md
+    older = calibration.table([_place_old(src, tmp_path)]).row(0, named=True)  # a file written before the fields
+    assert older["cpu_id"] is None and older["host_speed_ms"] is None and older["host_steal_frac"] is None
+    assert calibration.table([path, _place_old(src, tmp_path)]).schema["host_speed_ms"] == pl.Float64
+
+
+def _place_old(src: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "calibration/h100-80gb-hbm3-0000bbbb/opt1.3b.requests.parquet"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src, target)
+    shutil.copy(src.with_name(src.name.replace("requests", "telemetry")), target.with_name("opt1.3b.telemetry.parquet"))
+    return target
