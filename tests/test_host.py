@@ -3,6 +3,7 @@ hypervisor took during the measured requests (steal), from provenance to the cal
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections import namedtuple
 from pathlib import Path
@@ -10,8 +11,9 @@ from typing import Any
 
 import polars as pl
 import pytest
+from scipy import stats as st
 
-from slmserve import analysis, calibration, io, measure, provenance, telemetry
+from slmserve import analysis, calibration, io, measure, provenance, stats, telemetry
 from tests.test_beside import StandInServer, _no_requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +114,7 @@ def test_summaries_and_the_calibration_table_carry_the_host(tmp_path: Path) -> N
     assert (r["cpu_id"], r["host_speed_ms"]) == ("GenuineIntel 6/207/2", 0.4521)
     assert r["host_steal_frac"] == pytest.approx(0.02)
     md = calibration.to_markdown(calibration.table([path]))
-    assert "| Intel(R) Xeon(R) Processor (16; GenuineIntel 6/207/2; 0.452 ms) |" in md and "| 2.0% |" in md
+    assert "| Intel(R) Xeon(R) Processor (16; GenuineIntel 6/207/2; 0.452 ms) |" in md and "| 2.00% |" in md
     older = calibration.table([_place_old(src, tmp_path)]).row(0, named=True)  # a file written before the fields
     assert older["cpu_id"] is None and older["host_speed_ms"] is None and older["host_steal_frac"] is None
     assert calibration.table([path, _place_old(src, tmp_path)]).schema["host_speed_ms"] == pl.Float64
@@ -124,3 +126,43 @@ def _place_old(src: Path, tmp_path: Path) -> Path:
     shutil.copy(src, target)
     shutil.copy(src.with_name(src.name.replace("requests", "telemetry")), target.with_name("opt1.3b.telemetry.parquet"))
     return target
+
+
+def test_correlation_is_pearsons_r_with_the_fisher_z_interval() -> None:
+    xs, ys = [0.50, 0.56, 0.78, 0.99, 1.23], [170.9, 168.7, 108.9, 92.7, 97.8]
+    c = stats.correlation(xs, ys)
+    res = st.pearsonr(xs, ys)
+    z, half = math.atanh(res.statistic), st.norm.ppf(0.975) / math.sqrt(len(xs) - 3)
+    assert c["n"] == 5 and c["r"] == pytest.approx(res.statistic)
+    assert (c["ci_lo"], c["ci_hi"]) == (pytest.approx(math.tanh(z - half)), pytest.approx(math.tanh(z + half)))
+    assert c["ci_hi"] < 0  # these five resolve a negative r
+    assert stats.correlation(xs[:3], ys[:3]) == {"n": 3, "r": None, "ci_lo": None, "ci_hi": None}
+    with pytest.raises(ValueError, match="5 values against 4"):
+        stats.correlation(xs, ys[:4])
+
+
+def test_the_host_link_needs_four_machines_with_a_host_speed_of_one_gpu_model() -> None:
+    """Made-up calibration rows (named as such): 5 H200s with a host speed and 1 without for a host-bound
+    model, 3 for a GPU-bound one, and an H100 that is no part of the H200s' line."""
+    rows = [("m1", "opt125m", "H200", 0.50, 170.0), ("m2", "opt125m", "H200", 0.56, 168.0),
+            ("m3", "opt125m", "H200", 0.78, 109.0), ("m4", "opt125m", "H200", 0.99, 93.0),
+            ("m5", "opt125m", "H200", 1.23, 98.0), ("m0", "opt125m", "H200", None, 60.0),
+            ("m9", "opt125m", "H100", 3.0, 10.0),
+            ("m1", "opt1.3b", "H200", 0.50, 63.6), ("m2", "opt1.3b", "H200", 0.56, 65.4),
+            ("m3", "opt1.3b", "H200", 0.78, 65.3)]  # fmt: skip
+    frame = pl.DataFrame(rows, schema=["machine", "model", "gpu_model", "host_speed_ms", "throughput_rps"],
+                         orient="row")  # fmt: skip
+    link = calibration.host_link(frame)
+    assert link.select("model", "gpu_model", "machines").rows() == [("opt125m", "H200", 5)]
+    r = link.row(0, named=True)
+    want = stats.correlation([0.50, 0.56, 0.78, 0.99, 1.23], [170.0, 168.0, 109.0, 93.0, 98.0])
+    assert (r["r"], r["r_ci_lo"], r["r_ci_hi"]) == pytest.approx((want["r"], want["ci_lo"], want["ci_hi"]))
+    assert (r["lowest"], r["highest"]) == (0.50, 1.23)
+    full = frame.with_columns(driver=pl.lit(None, pl.String), cpu_model=pl.lit("x"), cpu_cores=pl.lit(16),
+                              engine_version=pl.lit("0.26.0"), batch_size=pl.lit(256), n=pl.lit(3),
+                              ci_lo=pl.lit(1.0), ci_hi=pl.lit(2.0), cv=pl.lit(0.1),
+                              throughput_rps_sd=pl.lit(1.0))  # fmt: skip
+    md = calibration.to_markdown(full)
+    assert "- opt125m on H200: host speed 0.500 to 1.230 ms over 5 machines; Pearson r with req/s" in md
+    assert "(95% CI, Fisher z), resolved" in md and "opt1.3b on H200: host speed" not in md
+    assert calibration.host_link(frame.head(0)).columns == link.columns

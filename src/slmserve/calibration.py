@@ -12,6 +12,7 @@ as mean, SD, ``cv = sd / mean`` and 95% CI (:func:`slmserve.stats.describe` over
 (``n_beside``, ``beside``: :func:`slmserve.analysis.beside_of`), and when it was measured. :func:`spread`:
 per model and GPU model, the ratio of the largest machine mean to the smallest with its 95% CI (no claim
 without 2 machines of one GPU model: an H200 beside H100s is another GPU, not a faster machine).
+:func:`host_link`: per model and GPU model, the correlation of the machines' throughput with their host speed.
 """
 
 from __future__ import annotations
@@ -85,6 +86,25 @@ def spread(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
+def host_link(frame: pl.DataFrame) -> pl.DataFrame:
+    """Per model and GPU model with 4 or more machines that recorded a host speed: whether faster hosts
+    measure more, as Pearson's ``r`` between ``host_speed_ms`` and the machines' mean throughput with its
+    95% CI (:func:`slmserve.stats.correlation`; ``r`` < 0: the faster the Python, the more req/s), and the
+    ``lowest`` and ``highest`` host speed behind it."""
+    rows = []
+    speed = frame if "host_speed_ms" in frame.columns else frame.head(0).with_columns(host_speed_ms=pl.lit(0.0))
+    ok = speed.filter(pl.col("throughput_rps").is_not_null() & pl.col("host_speed_ms").is_not_null())
+    for (model, gpu), group in ok.group_by("model", "gpu_model", maintain_order=True):
+        c = stats.correlation(group["host_speed_ms"].to_list(), group["throughput_rps"].to_list())
+        if c["r"] is not None:
+            rows.append({"model": model, "gpu_model": gpu, "machines": c["n"], "r": c["r"], "r_ci_lo": c["ci_lo"],
+                         "r_ci_hi": c["ci_hi"], "lowest": group["host_speed_ms"].min(),
+                         "highest": group["host_speed_ms"].max()})  # fmt: skip
+    floats = ("r", "r_ci_lo", "r_ci_hi", "lowest", "highest")
+    schema = {"model": pl.String, "gpu_model": pl.String, "machines": pl.Int64, **dict.fromkeys(floats, pl.Float64)}
+    return pl.DataFrame(rows, schema=schema)
+
+
 def _ratio(r: dict[str, Any]) -> str:
     """``1.302 [0.86, 1.74], not resolved``: the spread's ratio, its 95% CI and whether the CI excludes 1."""
     if r["ratio_ci_lo"] is None:
@@ -97,8 +117,8 @@ def _fmt(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f}%"
 
 
 def _host(r: dict[str, Any]) -> str:
@@ -117,7 +137,7 @@ def to_markdown(frame: pl.DataFrame) -> str:
         f"| {r['machine']} | {r['gpu_model']} ({r['driver'] or '-'}) | {_host(r)} | "
         f"{r['engine_version']} | {r['model']} | {r['batch_size']} | {_fmt(r['throughput_rps'])} "
         f"[{_fmt(r['ci_lo'])}, {_fmt(r['ci_hi'])}] | {r['n']} | "
-        f"{_pct(r['cv'])} | {_pct(r.get('host_steal_frac'))} |"
+        f"{_pct(r['cv'])} | {_pct(r.get('host_steal_frac'), 2)} |"
         for r in frame.iter_rows(named=True)
     ]
     sp = spread(frame)
@@ -139,6 +159,10 @@ def to_markdown(frame: pl.DataFrame) -> str:
         notes.append("- Highest / lowest: ratio of the two machines' means with its 95% CI (delta method, Welch df); "
                      "\"resolved\" where the CI excludes 1. Picked as the extremes of several machines, the ratio "
                      "overstates a typical pair's.")  # fmt: skip
+    notes += [f"- {r['model']} on {r['gpu_model']}: host speed {r['lowest']:.3f} to {r['highest']:.3f} ms over "
+              f"{r['machines']} machines; Pearson r with req/s {r['r']:.2f} [{r['r_ci_lo']:.2f}, {r['r_ci_hi']:.2f}] "
+              f"(95% CI, Fisher z), {'resolved' if r['r_ci_hi'] < 0 or r['r_ci_lo'] > 0 else 'not resolved'}"
+              for r in host_link(frame).iter_rows(named=True)]  # fmt: skip
     if not sp.is_empty() and frame["gpu_model"].n_unique() > 1:
         notes.append("- Machines of different GPU models are not one spread: each line above is one GPU model's.")
     if "n_beside" in frame.columns:  # a point meant to be measured alone that was not

@@ -63,6 +63,19 @@ def ratio_ci_of(da: Mapping[str, Any], db: Mapping[str, Any]) -> dict[str, Any]:
     return {"ratio": ratio, "ci_lo": ratio - half, "ci_hi": ratio + half}
 
 
+def correlation(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
+    """Pearson's ``r`` of paired values and its 95% CI by Fisher's z transform (scipy's ``pearsonr``):
+    ``tanh(atanh(r) ± z(0.975) / sqrt(n - 3))``. ``n`` pairs; with fewer than 4 there is no interval (None)."""
+    n = len(xs)
+    if n != len(ys):
+        raise ValueError(f"{n} values against {len(ys)}: a correlation needs pairs")
+    if n < 4:
+        return {"n": n, "r": None, "ci_lo": None, "ci_hi": None}
+    res = _st.pearsonr(xs, ys)
+    ci = res.confidence_interval(LEVEL)
+    return {"n": n, "r": float(res.statistic), "ci_lo": float(ci.low), "ci_hi": float(ci.high)}
+
+
 def summary_sample(row: Mapping[str, Any], metric: str = "throughput_rps") -> dict[str, Any]:
     """A summary row's ``metric`` as :func:`ratio_ci_of` takes it: ``n`` (the repeats with a value,
     ``<metric>_n``; ``n_repeats``, then 1, for rows written without it), ``mean`` and ``sd``."""
