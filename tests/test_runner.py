@@ -6,6 +6,7 @@ does; the real server is exercised in test_server.py and test_engine.py."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import polars as pl
@@ -233,6 +234,23 @@ def test_tensor_parallel_without_gpus_binds_the_cpu_engines_ranks(
     monkeypatch.setenv(runner.CPU_BIND_ENV, "0-3|4-7")  # the user's own binding wins and is recorded
     runner._check_gpus(job, alloc)
     assert job.extra["cpu_threads_bind"] == "0-3|4-7"
+
+
+def test_a_job_logs_its_host_before_its_server_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("SLMSERVE_GPU_POOL", "")
+    monkeypatch.setattr(runner.provenance, "cpu_id", lambda: "GenuineIntel 6/207/2")
+    monkeypatch.setattr(runner.provenance, "host_speed_ms", lambda: 0.5036)
+    job = runner.SweepJob(
+        model="opt125m", model_path="config/models/opt-125m", load_format="dummy", tensor_parallel=1,
+        batch_sizes=[1], prompts_path=Path("-"), outputs={}, log_dir=tmp_path, input_len=4, output_len=4,
+        num_requests=1,
+    )  # fmt: skip
+    with caplog.at_level("INFO", logger=runner.log.name), runner.GpuSlots(1, label="test") as alloc:
+        runner._check_gpus(job, alloc)
+    want = f"host: {runner.provenance.cpu_model()} (GenuineIntel 6/207/2), {os.cpu_count()} cores, Python 0.504 ms"
+    assert want in caplog.text
 
 
 class StandInSmallServer:

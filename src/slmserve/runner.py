@@ -390,6 +390,9 @@ def _check_gpus(job: SweepJob, alloc: Allocation) -> None:
         job.extra["cpu_threads_bind"] = bind
         log.info("CPU engine, %d ranks: %s=%s", job.tensor_parallel, CPU_BIND_ENV, bind)
     log.info("GPUs %s (NVML %s)", list(alloc.ids) or "none: CPU engine", list(alloc.nvml_indices))
+    # host-bound points move with the host: say which one this is before its server starts
+    log.info("host: %s (%s), %s cores, Python %.3f ms (provenance.host_speed_ms)", provenance.cpu_model(),
+             provenance.cpu_id(), os.cpu_count(), provenance.host_speed_ms())  # fmt: skip
 
 
 def run_sweep(job: SweepJob) -> None:
