@@ -3,6 +3,7 @@ hypervisor took during the measured requests (steal), from provenance to the cal
 
 from __future__ import annotations
 
+import itertools
 import math
 import shutil
 from collections import namedtuple
@@ -18,7 +19,7 @@ from tests.test_beside import StandInServer, _no_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 POINT = ROOT / "results/quick/runs/opt1.3b/tp1-out256-rateinf/bs256"  # 3 repeats on an H100, 2026-11-23
-Times = namedtuple("Times", "user nice system idle iowait irq softirq steal")
+Times = namedtuple("Times", "user nice system idle iowait irq softirq steal guest guest_nice", defaults=(0, 0))
 
 
 def test_cpu_id_is_vendor_and_cpuid_family_model_stepping(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,8 +60,9 @@ def test_every_result_records_the_host_cpu_id_and_speed() -> None:
 
 
 def test_steal_is_the_share_of_wanted_cpu_time_given_to_other_guests() -> None:
-    before = Times(user=10, nice=0, system=5, idle=100, iowait=1, irq=0, softirq=0, steal=1)
-    after = Times(user=40, nice=0, system=15, idle=900, iowait=9, irq=0, softirq=0, steal=11)
+    # Linux's user already holds guest time (guest_nice: nice): counting them again would dilute the share
+    before = Times(user=10, nice=0, system=5, idle=100, iowait=1, irq=0, softirq=0, steal=1, guest=2, guest_nice=1)
+    after = Times(user=40, nice=0, system=15, idle=900, iowait=9, irq=0, softirq=0, steal=11, guest=22, guest_nice=6)
     assert telemetry.steal_frac(before, after) == pytest.approx(10 / (10 + 30 + 10))  # idle and iowait left out
     assert telemetry.steal_frac(before, before) is None  # no CPU time passed
     assert telemetry.steal_frac(None, after) is None and telemetry.steal_frac(before, None) is None
@@ -69,21 +71,33 @@ def test_steal_is_the_share_of_wanted_cpu_time_given_to_other_guests() -> None:
 
 
 def test_a_repeat_records_the_steal_of_its_measured_phase(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Read when the first load's warm-up is over (on_measure) and when the loads end: warm-up left out."""
-    readings = iter([Times(0, 0, 0, 0, 0, 0, 0, 0), Times(30, 0, 10, 0, 0, 0, 0, 10)])
-    monkeypatch.setattr(telemetry, "host_cpu_times", lambda: next(readings))
+    """Read when the first load's warm-up is over (on_measure) and when the loads end: the warm-up's steal
+    (all of it stolen here, made up and named as such) is left out, and the second load's end of warm-up
+    does not restart the window."""
+    host = {"t": Times(0, 0, 0, 0, 0, 0, 0, 0)}
+    monkeypatch.setattr(telemetry, "host_cpu_times", lambda: host["t"])
+
+    def spend(busy: float, steal: float) -> None:
+        t = host["t"]
+        host["t"] = t._replace(user=t.user + busy, steal=t.steal + steal)
 
     def warm_up_then_measure(servers: Any, specs: Any, where: str, on_measure: Any) -> list:
         for f in on_measure:
+            spend(0, 50)  # each load's warm-up
             f()
+            spend(40, 10)  # measured
         return _no_requests() * len(servers)
 
     monkeypatch.setattr(measure, "_run_loads", warm_up_then_measure)
     m = measure.measure([StandInServer(), StandInServer()], [None, None], [], interval_s=1.0, sample=False,  # type: ignore[list-item]
                         where="")  # fmt: skip
-    assert m.meta["host_steal_frac"] == pytest.approx(0.2)  # one reading at the start, not one per load
-    monkeypatch.setattr(measure, "_run_loads", _no_requests)  # no load reached its measured phase
-    monkeypatch.setattr(telemetry, "host_cpu_times", lambda: Times(1, 0, 1, 0, 0, 0, 0, 1))
+    assert m.meta["host_steal_frac"] == pytest.approx((50 + 20) / (50 + 20 + 80))  # from the first end of warm-up
+
+    def no_measured_phase(*_a: object) -> list:
+        spend(40, 10)
+        return _no_requests()
+
+    monkeypatch.setattr(measure, "_run_loads", no_measured_phase)  # no load reached its measured phase
     m = measure.measure([StandInServer()], [None], [], interval_s=1.0, sample=False, where="")  # type: ignore[list-item]
     assert m.meta["host_steal_frac"] is None
 
@@ -136,7 +150,13 @@ def test_correlation_is_pearsons_r_with_the_fisher_z_interval() -> None:
     assert c["n"] == 5 and c["r"] == pytest.approx(res.statistic)
     assert (c["ci_lo"], c["ci_hi"]) == (pytest.approx(math.tanh(z - half)), pytest.approx(math.tanh(z + half)))
     assert c["ci_hi"] < 0  # these five resolve a negative r
-    assert stats.correlation(xs[:3], ys[:3]) == {"n": 3, "r": None, "ci_lo": None, "ci_hi": None}
+    # all 120 pairings of the five: twice the smaller tail (scipy's two-sided permutation p), 3 of 120 at or below r
+    rs = [st.pearsonr(xs, p).statistic for p in itertools.permutations(ys)]
+    tail = min(sum(r <= res.statistic + 1e-12 for r in rs), sum(r >= res.statistic - 1e-12 for r in rs))
+    assert tail == 3 and c["p_perm"] == pytest.approx(2 * tail / 120)
+    none = {"n": 3, "r": None, "ci_lo": None, "ci_hi": None, "p_perm": None}
+    assert stats.correlation(xs[:3], ys[:3]) == none
+    assert stats.correlation([0.5] * 5, ys) == {**none, "n": 5}  # hosts that do not differ: no r, not NaN
     with pytest.raises(ValueError, match="5 values against 4"):
         stats.correlation(xs, ys[:4])
 
@@ -164,5 +184,16 @@ def test_the_host_link_needs_four_machines_with_a_host_speed_of_one_gpu_model() 
                               throughput_rps_sd=pl.lit(1.0))  # fmt: skip
     md = calibration.to_markdown(full)
     assert "- opt125m on H200: host speed 0.500 to 1.230 ms over 5 machines; Pearson r with req/s" in md
-    assert "(95% CI, Fisher z), resolved" in md and "opt1.3b on H200: host speed" not in md
+    assert "(95% CI, Fisher z; approximate with few machines), resolved; permutation p 0.0" in md
+    assert "opt1.3b on H200: host speed" not in md
     assert calibration.host_link(frame.head(0)).columns == link.columns
+
+
+def test_a_summary_of_files_older_than_a_metric_types_its_column() -> None:
+    """A summary whose files all predate a metric holds only nulls there: typed as the metric, so that it
+    concatenates with a newer summary."""
+    old = analysis.complete(pl.DataFrame({"model": ["m"], "host_steal_frac": [None]}))
+    assert old.schema["host_steal_frac"] == pl.Float64 and old.schema["client_cpu_frac"] == pl.Float64
+    new = analysis.complete(pl.DataFrame({"model": ["n"], "host_steal_frac": [0.01]}))
+    both = pl.concat([old, new.select(old.columns)])
+    assert both["host_steal_frac"].to_list() == [None, 0.01]

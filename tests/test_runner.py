@@ -236,7 +236,7 @@ def test_tensor_parallel_without_gpus_binds_the_cpu_engines_ranks(
     assert job.extra["cpu_threads_bind"] == "0-3|4-7"
 
 
-def test_a_job_logs_its_host_before_its_server_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_job_logs_its_host_cpu_and_python_speed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     monkeypatch.setenv("SLMSERVE_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.setenv("SLMSERVE_GPU_POOL", "")

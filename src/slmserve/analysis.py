@@ -50,11 +50,14 @@ REPLICATION_METRICS: dict[str, pl.DataType] = {
 
 
 def complete(summary: pl.DataFrame) -> pl.DataFrame:
-    """``summary`` with every metric column of its experiment (typed nulls where no run was measured): a
-    replication summary (it has ``replicas``) gets :data:`REPLICATION_METRICS`, the others :data:`RUN_METRICS`."""
+    """``summary`` with every metric column of its experiment (typed nulls where no run was measured, or where
+    no measured run recorded the metric, e.g. files older than it): a replication summary (it has ``replicas``)
+    gets :data:`REPLICATION_METRICS`, the others :data:`RUN_METRICS`."""
     extra = REPLICATION_METRICS if "replicas" in summary.columns else RUN_METRICS
-    missing = [pl.lit(None, dtype=t).alias(c) for c, t in {**METRICS, **extra}.items() if c not in summary.columns]
-    return summary.with_columns(missing) if missing and summary.width else summary
+    typed = {**METRICS, **extra}
+    fix = [pl.lit(None, dtype=t).alias(c) for c, t in typed.items()
+           if c not in summary.columns or summary.schema[c] == pl.Null]  # fmt: skip
+    return summary.with_columns(fix) if fix and summary.width else summary
 
 
 def _q(s: pl.Series, q: float) -> float | None:

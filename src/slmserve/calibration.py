@@ -89,8 +89,8 @@ def spread(frame: pl.DataFrame) -> pl.DataFrame:
 def host_link(frame: pl.DataFrame) -> pl.DataFrame:
     """Per model and GPU model with 4 or more machines that recorded a host speed: whether faster hosts
     measure more, as Pearson's ``r`` between ``host_speed_ms`` and the machines' mean throughput with its
-    95% CI (:func:`slmserve.stats.correlation`; ``r`` < 0: the faster the Python, the more req/s), and the
-    ``lowest`` and ``highest`` host speed behind it."""
+    95% CI (:func:`slmserve.stats.correlation`; ``r`` < 0: the faster the Python, the more req/s), its
+    permutation p-value ``p_perm``, and the ``lowest`` and ``highest`` host speed behind it."""
     rows = []
     speed = frame if "host_speed_ms" in frame.columns else frame.head(0).with_columns(host_speed_ms=pl.lit(0.0))
     ok = speed.filter(pl.col("throughput_rps").is_not_null() & pl.col("host_speed_ms").is_not_null())
@@ -98,9 +98,9 @@ def host_link(frame: pl.DataFrame) -> pl.DataFrame:
         c = stats.correlation(group["host_speed_ms"].to_list(), group["throughput_rps"].to_list())
         if c["r"] is not None:
             rows.append({"model": model, "gpu_model": gpu, "machines": c["n"], "r": c["r"], "r_ci_lo": c["ci_lo"],
-                         "r_ci_hi": c["ci_hi"], "lowest": group["host_speed_ms"].min(),
+                         "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"], "lowest": group["host_speed_ms"].min(),
                          "highest": group["host_speed_ms"].max()})  # fmt: skip
-    floats = ("r", "r_ci_lo", "r_ci_hi", "lowest", "highest")
+    floats = ("r", "r_ci_lo", "r_ci_hi", "p_perm", "lowest", "highest")
     schema = {"model": pl.String, "gpu_model": pl.String, "machines": pl.Int64, **dict.fromkeys(floats, pl.Float64)}
     return pl.DataFrame(rows, schema=schema)
 
@@ -146,9 +146,9 @@ def to_markdown(frame: pl.DataFrame) -> str:
         "One calibration point per machine (config `calibration`; slmserve.calibration), planned as its first "
         "GPU job (rule `calibrate`); the csv's `created` says when it ran. CI: Student's t over the repeats. "
         "Python ms: slmserve.provenance.host_speed_ms, a single-thread timing taken before the server started "
-        "(lower is faster); CPU steal: the share of the host's wanted CPU time its hypervisor gave to other "
-        "guests during the measured requests, mean over the repeats (slmserve.telemetry.steal_frac); both "
-        "recorded since 2026-11-29.",
+        "(lower is faster); CPU steal: the share of the CPU time the host wanted that its hypervisor kept, "
+        "during the measured requests, mean over the repeats (slmserve.telemetry.steal_frac); both recorded "
+        "since 2026-11-29.",
     ]
     notes += [f"- {r['model']} on {r['gpu_model']}: {r['machines']} machines, {_fmt(r['lowest'])} to "
               f"{_fmt(r['highest'])} req/s (highest / lowest {_ratio(r)})"
@@ -161,7 +161,9 @@ def to_markdown(frame: pl.DataFrame) -> str:
                      "overstates a typical pair's.")  # fmt: skip
     notes += [f"- {r['model']} on {r['gpu_model']}: host speed {r['lowest']:.3f} to {r['highest']:.3f} ms over "
               f"{r['machines']} machines; Pearson r with req/s {r['r']:.2f} [{r['r_ci_lo']:.2f}, {r['r_ci_hi']:.2f}] "
-              f"(95% CI, Fisher z), {'resolved' if r['r_ci_hi'] < 0 or r['r_ci_lo'] > 0 else 'not resolved'}"
+              f"(95% CI, Fisher z; approximate with few machines), "
+              f"{'resolved' if r['r_ci_hi'] < 0 or r['r_ci_lo'] > 0 else 'not resolved'}; permutation p "
+              f"{r['p_perm']:.3f}"
               for r in host_link(frame).iter_rows(named=True)]  # fmt: skip
     if not sp.is_empty() and frame["gpu_model"].n_unique() > 1:
         notes.append("- Machines of different GPU models are not one spread: each line above is one GPU model's.")

@@ -186,7 +186,7 @@ def measure(
             sampler.start()
             stack.callback(sampler.stop)
         results = _run_loads(servers, specs, where, [functools.partial(read_counters, i) for i in range(len(servers))])
-    host_after = telemetry.host_cpu_times()
+        host_after = telemetry.host_cpu_times()  # before the sampler's and pollers' threads are joined
     tel = sampler.frame if sample and sampler.frame is not None else telemetry.empty_frame()
     after = [srv.counters() for srv in servers]
     meta = {

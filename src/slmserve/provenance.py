@@ -128,8 +128,9 @@ def host_speed_ms(number: int = 50, repeat: int = 5) -> float:
     """Single-thread Python speed of the host, in ms (lower is faster): the shortest of ``repeat`` timings
     (:func:`timeit.repeat`) of ``number`` calls of a fixed pure-Python workload, per call. vLLM's API server
     and engine core each run Python on one core, so host-bound points (OPT-125M, small batches) move with
-    it; the shortest timing is the core's speed with the least interference. Once per process, before its
-    first server starts (:func:`collect` is called before any point is served)."""
+    it; the shortest timing is the core's speed with the least interference. Once per process: in jobs that
+    serve requests before the job's own server starts (their result headers and the job log ask for it
+    first), in KV-cache probes after their server stopped; other jobs of a multi-GPU host may be running."""
     return 1000.0 * min(timeit.repeat(_host_work, number=number, repeat=repeat)) / number
 
 

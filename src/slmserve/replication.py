@@ -259,7 +259,8 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
     * ``effective_batch`` = the replicas' effective batches summed, unknown (None) if one is missing;
       ``gauge_samples`` = the fewest running-gauge samples of a replica;
     * telemetry over the common window; ``energy_per_token_j`` = GPU energy / all output tokens;
-      ``host_steal_frac``: :func:`slmserve.telemetry.steal_frac` over the measured phase.
+      ``host_steal_frac``: :func:`slmserve.telemetry.steal_frac` from the first replica's end of warm-up to
+      the last replica's end (:func:`slmserve.measure.measure`).
     """
     per = [analysis.request_metrics(g) for _, g in sorted(req.group_by("replica"), key=lambda kv: kv[0])]
     whole = analysis.request_metrics(req)

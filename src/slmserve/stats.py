@@ -65,15 +65,21 @@ def ratio_ci_of(da: Mapping[str, Any], db: Mapping[str, Any]) -> dict[str, Any]:
 
 def correlation(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
     """Pearson's ``r`` of paired values and its 95% CI by Fisher's z transform (scipy's ``pearsonr``):
-    ``tanh(atanh(r) ± z(0.975) / sqrt(n - 3))``. ``n`` pairs; with fewer than 4 there is no interval (None)."""
+    ``tanh(atanh(r) ± z(0.975) / sqrt(n - 3))``, and ``p_perm``, the two-sided p-value of r against all
+    pairings of the values (exact up to 8 pairs, scipy's permutation test), which needs no normality: with
+    few pairs the interval is approximate. ``n`` pairs; fewer than 4, or values that do not vary, give no r
+    (None)."""
     n = len(xs)
     if n != len(ys):
         raise ValueError(f"{n} values against {len(ys)}: a correlation needs pairs")
-    if n < 4:
-        return {"n": n, "r": None, "ci_lo": None, "ci_hi": None}
+    none = {"n": n, "r": None, "ci_lo": None, "ci_hi": None, "p_perm": None}
+    if n < 4 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return none
     res = _st.pearsonr(xs, ys)
     ci = res.confidence_interval(LEVEL)
-    return {"n": n, "r": float(res.statistic), "ci_lo": float(ci.low), "ci_hi": float(ci.high)}
+    perm = _st.pearsonr(xs, ys, method=_st.PermutationMethod(n_resamples=40320, random_state=0))
+    return {"n": n, "r": float(res.statistic), "ci_lo": float(ci.low), "ci_hi": float(ci.high),
+            "p_perm": float(perm.pvalue)}  # fmt: skip
 
 
 def summary_sample(row: Mapping[str, Any], metric: str = "throughput_rps") -> dict[str, Any]:

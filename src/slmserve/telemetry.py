@@ -428,10 +428,11 @@ _BUSY = ("user", "nice", "system", "irq", "softirq")  # Linux counts a guest's o
 
 
 def steal_frac(before: Any | None, after: Any | None) -> float | None:
-    """Of the CPU time the host's CPUs wanted between two :func:`host_cpu_times`, the share the hypervisor
-    gave to other guests: ``d(steal) / (d(steal) + d(user + nice + system + irq + softirq))`` (Linux
-    ``/proc/stat``). 0 on bare metal or an uncontended VM; a host-bound model slows as it rises. None where
-    either reading is missing, the platform has no steal counter, or no CPU time passed."""
+    """Of the CPU time the guest's CPUs wanted between two :func:`host_cpu_times`, the share the hypervisor
+    kept for its own work or other guests: ``d(steal) / (d(steal) + d(user + nice + system + irq + softirq))``
+    (Linux ``/proc/stat``, whose user and nice already hold guest and guest_nice). 0 on bare metal, on an
+    uncontended VM, and under a hypervisor that does not report steal; a host-bound model slows as it rises.
+    None where either reading is missing, the platform has no steal counter, or no CPU time passed."""
     if before is None or after is None or not hasattr(after, "steal"):
         return None
     steal = after.steal - before.steal
