@@ -17,7 +17,6 @@ without 2 machines of one GPU model: an H200 beside H100s is another GPU, not a 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -40,7 +39,6 @@ def row(path: str | os.PathLike[str]) -> dict[str, Any]:
     prov = io.read_meta(path)["provenance"]
     reps = analysis.summarize_repeats(path)
     d = stats.describe([r.get("throughput_rps") for r in reps])
-    steal = [r["host_steal_frac"] for r in reps if r.get("host_steal_frac") is not None]
     return {
         "machine": keys["machine"], "model": keys["model"], "gpu_model": analysis.gpu_model(prov),
         "driver": prov.get("driver"), "cpu_model": prov.get("cpu_model"), "cpu_cores": prov.get("cpu_cores"),
@@ -49,7 +47,7 @@ def row(path: str | os.PathLike[str]) -> dict[str, Any]:
         "throughput_rps": d["mean"], "throughput_rps_sd": d["sd"],
         "cv": d["sd"] / d["mean"] if d["sd"] is not None and d["mean"] else None,
         "ci_lo": d["ci_lo"], "ci_hi": d["ci_hi"],
-        "host_steal_frac": math.fsum(steal) / len(steal) if steal else None,
+        "host_steal_frac": stats.describe([r.get("host_steal_frac") for r in reps])["mean"],
         **analysis.beside_of([r.get("beside") for r in reps]),
         "created": prov.get("created"), "path": str(path),
     }  # fmt: skip
@@ -91,17 +89,18 @@ def host_link(frame: pl.DataFrame) -> pl.DataFrame:
     measure more, as Pearson's ``r`` between ``host_speed_ms`` and the machines' mean throughput with its
     95% CI (:func:`slmserve.stats.correlation`; ``r`` < 0: the faster the Python, the more req/s), its
     permutation p-value ``p_perm``, and the ``lowest`` and ``highest`` host speed behind it."""
+    floats = ("r", "r_ci_lo", "r_ci_hi", "p_perm", "lowest", "highest")
+    schema = {"model": pl.String, "gpu_model": pl.String, "machines": pl.Int64, **dict.fromkeys(floats, pl.Float64)}
+    if "host_speed_ms" not in frame.columns:
+        return pl.DataFrame(schema=schema)
     rows = []
-    speed = frame if "host_speed_ms" in frame.columns else frame.head(0).with_columns(host_speed_ms=pl.lit(0.0))
-    ok = speed.filter(pl.col("throughput_rps").is_not_null() & pl.col("host_speed_ms").is_not_null())
+    ok = frame.filter(pl.col("throughput_rps").is_not_null() & pl.col("host_speed_ms").is_not_null())
     for (model, gpu), group in ok.group_by("model", "gpu_model", maintain_order=True):
         c = stats.correlation(group["host_speed_ms"].to_list(), group["throughput_rps"].to_list())
         if c["r"] is not None:
             rows.append({"model": model, "gpu_model": gpu, "machines": c["n"], "r": c["r"], "r_ci_lo": c["ci_lo"],
                          "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"], "lowest": group["host_speed_ms"].min(),
                          "highest": group["host_speed_ms"].max()})  # fmt: skip
-    floats = ("r", "r_ci_lo", "r_ci_hi", "p_perm", "lowest", "highest")
-    schema = {"model": pl.String, "gpu_model": pl.String, "machines": pl.Int64, **dict.fromkeys(floats, pl.Float64)}
     return pl.DataFrame(rows, schema=schema)
 
 

@@ -80,15 +80,10 @@ def config_hash(cfg: Mapping[str, Any]) -> str:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
+@functools.cache  # read once per process: every result header asks for the host's CPU
 def _cpuinfo() -> dict[str, str]:
     """The first processor's ``key: value`` lines of ``/proc/cpuinfo``; empty where there is none."""
     try:
