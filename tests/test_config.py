@@ -373,10 +373,12 @@ def test_one_model_quick_profile_is_the_quick_profiles_opt13b_jobs(tmp_path: Pat
     assert sum(v for k, v in counts.items() if k.startswith("figure_")) == 10
 
 
-def test_rerun_profile_is_the_one_model_quick_profile_measured_again(tmp_path: Path) -> None:
-    """config/quick-opt1.3b-rerun.yaml is set beside config/quick-opt1.3b.yaml point by point (bench/rerun.py):
-    only its names and folders may differ, and its committed results are complete (`all` measures nothing)."""
-    names = ("quick-opt1.3b", "quick-opt1.3b-rerun")
+@pytest.mark.parametrize("again_name", ["quick-opt1.3b-rerun", "quick-opt1.3b-h100"])
+def test_rerun_profile_is_the_one_model_quick_profile_measured_again(tmp_path: Path, again_name: str) -> None:
+    """config/quick-opt1.3b-rerun.yaml (set beside config/quick-opt1.3b.yaml point by point, bench/rerun.py) and
+    config/quick-opt1.3b-h100.yaml (its timing on one H100) are the one-model quick profile measured again: only
+    their names and folders may differ, and their committed results are complete (`all` measures nothing)."""
+    names = ("quick-opt1.3b", again_name)
     one, again = (yaml.safe_load((ROOT / f"config/{n}.yaml").read_text()) for n in names)
     assert {k for k in one.keys() | again.keys() if one.get(k) != again.get(k)} == {"profile", "outdir", "figdir"}
     committed = ROOT / again["outdir"]
