@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import shutil
+import threading
 from collections import namedtuple
 from pathlib import Path
 from typing import Any
@@ -102,12 +103,17 @@ def test_a_repeat_records_the_steal_of_its_measured_phase(monkeypatch: pytest.Mo
     assert m.meta["host_steal_frac"] is None
 
 
-def _with_host(src: Path, target: Path, steal: list[float | None], prov: dict[str, Any]) -> Path:
-    """A copy of a measured point with made-up host fields (named as such) in its provenance and repeats."""
+def _with_host(src: Path, target: Path, steal: list[float | None], prov: dict[str, Any],
+               speeds: list[tuple[float, float] | None] | None = None) -> Path:  # fmt: skip
+    """A copy of a measured point with made-up host fields (named as such) in its provenance and repeats:
+    steal and, where given, the Python timings (before, after) around each repeat."""
     meta = io.read_meta(src)
     meta["provenance"].update(prov)
     for rep, s in zip(meta["repeats"], steal, strict=True):
         rep["host_steal_frac"] = s
+    for rep, sp in zip(meta["repeats"], speeds or [None] * len(meta["repeats"]), strict=True):
+        if sp is not None:
+            rep["host_speed_before_ms"], rep["host_speed_after_ms"] = sp
     target.parent.mkdir(parents=True, exist_ok=True)
     io.write_parquet(pl.read_parquet(src), target, meta)
     shutil.copy(src.with_name(src.name.replace("requests", "telemetry")),
@@ -197,3 +203,113 @@ def test_a_summary_of_files_older_than_a_metric_types_its_column() -> None:
     new = analysis.complete(pl.DataFrame({"model": ["n"], "host_steal_frac": [0.01]}))
     both = pl.concat([old, new.select(old.columns)])
     assert both["host_steal_frac"].to_list() == [None, 0.01]
+
+
+def test_a_repeat_times_the_host_before_its_loads_and_after_them_with_no_thread_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Timed outside the sampler's and pollers' lifetime (their threads would slow the timing), around the
+    loads, with the small probe; the made-up timings (named as such) land in the repeat's metadata."""
+    events: list[tuple[str, Any]] = []
+    timings = iter([0.61, 0.97])
+
+    def timed(number: int, repeat: int) -> float:
+        events.append(("time", (number, repeat, threading.active_count())))
+        return next(timings)
+
+    def loads(*a: object) -> list:
+        events.append(("loads", threading.active_count()))
+        return _no_requests()
+
+    monkeypatch.setattr(provenance, "time_host_ms", timed)
+    monkeypatch.setattr(measure, "_run_loads", loads)
+    idle = threading.active_count()
+    m = measure.measure([StandInServer()], [None], [], interval_s=0.05, sample=True, where="")  # type: ignore[list-item]
+    assert [e[0] for e in events] == ["time", "loads", "time"]
+    probe = (measure.HOST_PROBE["number"], measure.HOST_PROBE["repeat"], idle)
+    assert events[0][1] == probe and events[2][1] == probe  # no sampler or poller thread alive then
+    assert events[1][1] > idle  # ... while the loads ran beside them
+    assert (m.meta["host_speed_before_ms"], m.meta["host_speed_after_ms"]) == (0.61, 0.97)
+    assert analysis.host_speed_of(m.meta) == pytest.approx(0.79)
+    assert analysis.host_speed_of({"host_speed_before_ms": 0.61}) is None  # an older or partial repeat
+
+
+@pytest.mark.skipif(not POINT.with_suffix(".requests.parquet").exists(), reason="results/quick not in this checkout")
+def test_summaries_and_the_calibration_table_carry_the_host_speed_of_each_repeat(tmp_path: Path) -> None:
+    src = POINT.with_suffix(".requests.parquet")
+    made_up = {"cpu_id": "GenuineIntel 6/207/2", "host_speed_ms": 0.5, "cpu_mhz": 2100.0}
+    path = _with_host(src, tmp_path / "calibration/h200-0000aaaa/opt1.3b.requests.parquet", [None] * 3, made_up,
+                      [(0.5, 0.7), None, (1.0, 1.2)])  # fmt: skip
+    assert [r["host_speed_repeat_ms"] for r in analysis.summarize_repeats(path)] == pytest.approx([0.6, None, 1.1])
+    assert analysis.summarize_run(path)["host_speed_repeat_ms"] == pytest.approx(0.85)  # the repeats timed
+    assert calibration.table([path]).row(0, named=True)["host_speed_repeat_ms"] == pytest.approx(0.85)
+    reps = calibration.repeats([path, _place_old(src, tmp_path)])
+    assert reps.columns == ["machine", "model", "gpu_model", "repeat", "throughput_rps", "host_speed_repeat_ms"]
+    mine = reps.filter(pl.col("machine") == "h200-0000aaaa")
+    assert mine["host_speed_repeat_ms"].to_list() == pytest.approx([0.6, None, 1.1])
+    assert mine["throughput_rps"].to_list() == [r["throughput_rps"] for r in analysis.summarize_repeats(src)]
+    assert reps.filter(pl.col("machine") == "h100-80gb-hbm3-0000bbbb")["host_speed_repeat_ms"].null_count() == 3
+
+
+def test_within_correlation_leaves_out_what_sets_groups_apart() -> None:
+    """Made-up repeats (named as such) of three machines: across machines the faster host measures less, within
+    each the faster repeat measures more; the within r is that of the deviations from each machine's mean."""
+    xs = [0.5, 0.6, 0.7, 1.0, 1.1, 1.2, 1.5, 1.6, 1.8, 9.0]
+    ys = [103.0, 101.0, 99.5, 204.0, 201.0, 199.0, 305.0, 303.0, 298.0, 1.0]
+    groups = ["a", "a", "a", "b", "b", "b", "c", "c", "c", "lone"]  # a machine of one repeat tells nothing within
+    c = stats.within_correlation(xs, ys, groups)
+    assert stats.correlation(xs[:9], ys[:9])["r"] > 0.9  # across machines: the opposite sign
+    dev = [(x - sum(xs[i:i + 3]) / 3, y - sum(ys[i:i + 3]) / 3)
+           for i in (0, 3, 6) for x, y in zip(xs[i:i + 3], ys[i:i + 3], strict=True)]  # fmt: skip
+    r = st.pearsonr(*zip(*dev, strict=True)).statistic
+    assert (c["n"], c["groups"]) == (9, 3) and c["r"] == pytest.approx(r) and r < -0.9
+    half = st.norm.ppf(0.975) / math.sqrt(9 - 3 - 2)
+    assert (c["ci_lo"], c["ci_hi"]) == (pytest.approx(math.tanh(math.atanh(r) - half)),
+                                        pytest.approx(math.tanh(math.atanh(r) + half)))  # fmt: skip
+    # every pairing within the machines (6**3): the share at least as far from 0 as the observed r
+    exact = []
+    for pa, pb, pc in itertools.product(itertools.permutations(range(3)), repeat=3):
+        ys_p = [y for i, p in zip((0, 3, 6), (pa, pb, pc), strict=True) for y in (ys[i + j] for j in p)]
+        exact.append(stats.within_correlation(xs[:9], ys_p, groups[:9], n_resamples=1)["r"])
+    want = sum(abs(e) >= abs(r) - 1e-12 for e in exact) / len(exact)
+    assert c["p_perm"] == pytest.approx(want, abs=0.02) and want < 0.1
+    assert stats.within_correlation(xs[:9], ys[:9], groups[:9], n_resamples=99)["p_perm"] >= 0.01  # counts r itself
+    assert stats.within_correlation(xs[:5], ys[:5], groups[:5])["r"] is None  # 5 pairs in 2 groups: too few
+    assert stats.within_correlation(xs[:6], ys[:6], groups[:6])["r"] is not None  # 6: N - k - 2 = 2
+    assert stats.within_correlation([1.0] * 9, ys[:9], groups[:9])["r"] is None  # no deviation within
+    with pytest.raises(ValueError, match="9 x, 9 y and 8 group values"):
+        stats.within_correlation(xs[:9], ys[:9], groups[:8])
+
+
+def test_the_repeat_link_is_per_model_and_gpu_model_and_reaches_the_table() -> None:
+    """Made-up repeats (named as such): four H200s with host speeds timed around their repeats, one H200 of
+    an older file without them, and an H100 of its own."""
+    rows = [(m, "opt125m", "H200", i, y, x)
+            for m, base in (("m1", 170.0), ("m2", 110.0), ("m3", 95.0), ("m4", 140.0))
+            for i, (x, y) in enumerate([(0.5, base + 8), (0.7, base), (0.9, base - 9)])]  # fmt: skip
+    rows += [("m0", "opt125m", "H200", i, 100.0 + i, None) for i in range(3)]
+    rows += [("m9", "opt125m", "H100", i, 90.0 + i, 0.5 + i) for i in range(3)]
+    reps = pl.DataFrame(rows, schema=["machine", "model", "gpu_model", "repeat", "throughput_rps",
+                                      "host_speed_repeat_ms"], orient="row")  # fmt: skip
+    link = calibration.repeat_link(reps)
+    assert link.select("model", "gpu_model", "machines", "repeats").rows() == [("opt125m", "H200", 4, 12)]
+    r = link.row(0, named=True)
+    h200 = reps.filter(pl.col("gpu_model") == "H200", pl.col("host_speed_repeat_ms").is_not_null())
+    want = stats.within_correlation(h200["host_speed_repeat_ms"].to_list(), h200["throughput_rps"].to_list(),
+                                    h200["machine"].to_list())  # fmt: skip
+    assert (r["r"], r["r_ci_lo"], r["r_ci_hi"], r["p_perm"]) == pytest.approx(
+        (want["r"], want["ci_lo"], want["ci_hi"], want["p_perm"])
+    )
+    assert r["r_ci_hi"] < 0
+    table = pl.DataFrame({"machine": ["m1", "m2"], "model": ["opt125m"] * 2, "gpu_model": ["H200"] * 2,
+                          "driver": [None, None], "cpu_model": ["x", "x"], "cpu_cores": [16, 16],
+                          "engine_version": ["0.26.0"] * 2, "batch_size": [256, 256], "n": [3, 3],
+                          "throughput_rps": [170.0, 110.0], "ci_lo": [160.0, 100.0], "ci_hi": [180.0, 120.0],
+                          "cv": [0.02, 0.05], "throughput_rps_sd": [3.4, 5.5]})  # fmt: skip
+    md = calibration.to_markdown(table, reps)
+    assert (
+        "- opt125m on H200, within machines: Pearson r of each repeat's req/s with the host speed timed "
+        f"around it, {r['r']:.2f} ["
+    ) in md and "; 12 repeats of 4 machines" in md
+    assert "within machines" not in calibration.to_markdown(table)
+    assert calibration.repeat_link(reps.head(0)).columns == link.columns

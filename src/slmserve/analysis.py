@@ -36,7 +36,7 @@ METRICS: dict[str, pl.DataType] = {
     "power_w_mean_per_gpu": _F, "energy_j": _F, "mem_used_mb_max": _F, "cpu_util_mean": _F, "n_samples": _I,
     "n_gpus": _I, "nvml_ok": _B, "gpm_ok": _B, "energy_per_token_j": _F, "energy_window_s": _F,
     "energy_samples": _I, "energy_window_ok": _B, "effective_batch": _F, "gauge_samples": _I, "beside": pl.String(),
-    "n_beside": _I, "host_steal_frac": _F,
+    "n_beside": _I, "host_steal_frac": _F, "host_speed_repeat_ms": _F,
 }  # fmt: skip
 RUN_METRICS: dict[str, pl.DataType] = {
     "n_error": _I, "window_start_s": _F, "window_end_s": _F, "duration_s": _F, "output_tokens": _I,
@@ -207,6 +207,7 @@ def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame
         running_max=engine.get("running_max"),
         beside=beside_text(rep),
         host_steal_frac=rep.get("host_steal_frac"),  # telemetry.steal_frac over the measured phase
+        host_speed_repeat_ms=host_speed_of(rep),
         client_ok=bool(
             load.get("lag_ok", True)
             and load.get("inflight_ok", True)
@@ -219,6 +220,15 @@ def _repeat_metrics(req: pl.DataFrame, rep: Mapping[str, Any], tel: pl.DataFrame
         row.update(tsum)
         row.update(energy_metrics(tsum.get("energy_j"), row["output_tokens"], row["duration_s"], tsum["n_samples"]))
     return row
+
+
+def host_speed_of(rep: Mapping[str, Any]) -> float | None:
+    """``host_speed_repeat_ms``, the host's Python speed around one repeat (lower is faster): the mean of
+    :func:`slmserve.provenance.time_host_ms` just before its loads and just after them
+    (``(host_speed_before_ms + host_speed_after_ms) / 2``, :func:`slmserve.measure.measure`); None for a
+    repeat without both (files written before 2026-11-29)."""
+    before, after = rep.get("host_speed_before_ms"), rep.get("host_speed_after_ms")
+    return None if before is None or after is None else (before + after) / 2
 
 
 def beside_text(rep: Mapping[str, Any]) -> str | None:

@@ -12,7 +12,10 @@ as mean, SD, ``cv = sd / mean`` and 95% CI (:func:`slmserve.stats.describe` over
 (``n_beside``, ``beside``: :func:`slmserve.analysis.beside_of`), and when it was measured. :func:`spread`:
 per model and GPU model, the ratio of the largest machine mean to the smallest with its 95% CI (no claim
 without 2 machines of one GPU model: an H200 beside H100s is another GPU, not a faster machine).
-:func:`host_link`: per model and GPU model, the correlation of the machines' throughput with their host speed.
+:func:`host_link`: per model and GPU model, the correlation of the machines' throughput with their host speed;
+:func:`repeat_link`: the same within machines, repeat by repeat (:func:`repeats`), with the host's speed timed
+around each repeat (``host_speed_repeat_ms``, :func:`slmserve.analysis.host_speed_of`; its mean over a point's
+repeats is a column of :func:`table`), which a host's speed moving within minutes calls for.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ import polars as pl
 from slmserve import analysis, io, layout, stats
 
 COLUMNS = ("machine", "model", "gpu_model", "driver", "cpu_model", "cpu_cores", "cpu_id", "host_speed_ms",
-           "engine_version", "batch_size", "n", "throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi",
-           "host_steal_frac", "n_beside", "beside", "created", "path")  # fmt: skip
-_FLOATS = ("host_speed_ms", "throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi", "host_steal_frac")
+           "host_speed_repeat_ms", "engine_version", "batch_size", "n", "throughput_rps", "throughput_rps_sd", "cv",
+           "ci_lo", "ci_hi", "host_steal_frac", "n_beside", "beside", "created", "path")  # fmt: skip
+_FLOATS = ("host_speed_ms", "host_speed_repeat_ms", "throughput_rps", "throughput_rps_sd", "cv", "ci_lo", "ci_hi",
+           "host_steal_frac")  # fmt: skip
 
 
 def row(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -43,6 +47,7 @@ def row(path: str | os.PathLike[str]) -> dict[str, Any]:
         "machine": keys["machine"], "model": keys["model"], "gpu_model": analysis.gpu_model(prov),
         "driver": prov.get("driver"), "cpu_model": prov.get("cpu_model"), "cpu_cores": prov.get("cpu_cores"),
         "cpu_id": prov.get("cpu_id"), "host_speed_ms": prov.get("host_speed_ms"),
+        "host_speed_repeat_ms": stats.describe([r.get("host_speed_repeat_ms") for r in reps])["mean"],
         "engine_version": prov.get("engine_version"), "batch_size": reps[0].get("batch_size"), "n": d["n"],
         "throughput_rps": d["mean"], "throughput_rps_sd": d["sd"],
         "cv": d["sd"] / d["mean"] if d["sd"] is not None and d["mean"] else None,
@@ -104,6 +109,44 @@ def host_link(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
+def repeats(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
+    """One row per repeat of the calibration files: ``machine``, ``model``, ``gpu_model``, ``repeat``,
+    ``throughput_rps`` and ``host_speed_repeat_ms`` (null in files written before it)."""
+    rows = []
+    for path in paths:
+        keys = layout.parse(str(path))[1]
+        gpu = analysis.gpu_model(io.read_meta(path)["provenance"])
+        rows += [{"machine": keys["machine"], "model": keys["model"], "gpu_model": gpu, "repeat": r.get("repeat"),
+                  "throughput_rps": r.get("throughput_rps"), "host_speed_repeat_ms": r.get("host_speed_repeat_ms")}
+                 for r in analysis.summarize_repeats(path)]  # fmt: skip
+    schema = {"machine": pl.String, "model": pl.String, "gpu_model": pl.String, "repeat": pl.Int64,
+              "throughput_rps": pl.Float64, "host_speed_repeat_ms": pl.Float64}  # fmt: skip
+    return pl.DataFrame(rows, schema=schema)
+
+
+def repeat_link(reps: pl.DataFrame) -> pl.DataFrame:
+    """Per model and GPU model: whether a machine measures more in its repeats where its host ran faster, as
+    Pearson's ``r`` of ``host_speed_repeat_ms`` and ``throughput_rps`` within machines with its 95% CI and
+    permutation p (:func:`slmserve.stats.within_correlation`), over the ``repeats`` of the ``machines`` with two
+    or more repeats timed; only where that gives an ``r``."""
+    floats = ("r", "r_ci_lo", "r_ci_hi", "p_perm")
+    schema = {"model": pl.String, "gpu_model": pl.String, "machines": pl.Int64, "repeats": pl.Int64,
+              **dict.fromkeys(floats, pl.Float64)}  # fmt: skip
+    ok = reps.filter(pl.col("throughput_rps").is_not_null() & pl.col("host_speed_repeat_ms").is_not_null())
+    rows = []
+    for (model, gpu), g in ok.group_by("model", "gpu_model", maintain_order=True):
+        c = stats.within_correlation(g["host_speed_repeat_ms"].to_list(), g["throughput_rps"].to_list(),
+                                     g["machine"].to_list())  # fmt: skip
+        if c["r"] is not None:
+            rows.append({"model": model, "gpu_model": gpu, "machines": c["groups"], "repeats": c["n"], "r": c["r"],
+                         "r_ci_lo": c["ci_lo"], "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"]})  # fmt: skip
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _resolved(r: dict[str, Any]) -> str:
+    return "resolved" if r["r_ci_hi"] < 0 or r["r_ci_lo"] > 0 else "not resolved"
+
+
 def _ratio(r: dict[str, Any]) -> str:
     """``1.302 [0.86, 1.74], not resolved``: the spread's ratio, its 95% CI and whether the CI excludes 1."""
     if r["ratio_ci_lo"] is None:
@@ -127,8 +170,9 @@ def _host(r: dict[str, Any]) -> str:
     return f"{r['cpu_model']} ({'; '.join(parts)})"
 
 
-def to_markdown(frame: pl.DataFrame) -> str:
-    """The table (req/s: mean [95% CI], n, CV) and, where 2 or more machines measured a model, its spread."""
+def to_markdown(frame: pl.DataFrame, reps: pl.DataFrame | None = None) -> str:
+    """The table (req/s: mean [95% CI], n, CV) and, where 2 or more machines measured a model, its spread;
+    with ``reps`` (:func:`repeats`), the link of throughput and host speed within machines."""
     head = ("| machine | GPU (driver) | host CPU (cores; CPUID; Python ms) | vLLM | model | batch | "
             "req/s mean [95% CI] | n | CV | CPU steal |\n"
             "|:---|:---|:---|:---|:---|---:|---:|---:|---:|---:|")  # fmt: skip
@@ -161,9 +205,13 @@ def to_markdown(frame: pl.DataFrame) -> str:
     notes += [f"- {r['model']} on {r['gpu_model']}: host speed {r['lowest']:.3f} to {r['highest']:.3f} ms over "
               f"{r['machines']} machines; Pearson r with req/s {r['r']:.2f} [{r['r_ci_lo']:.2f}, {r['r_ci_hi']:.2f}] "
               f"(95% CI, Fisher z; approximate with few machines), "
-              f"{'resolved' if r['r_ci_hi'] < 0 or r['r_ci_lo'] > 0 else 'not resolved'}; permutation p "
-              f"{r['p_perm']:.3f}"
+              f"{_resolved(r)}; permutation p {r['p_perm']:.3f}"
               for r in host_link(frame).iter_rows(named=True)]  # fmt: skip
+    notes += [f"- {r['model']} on {r['gpu_model']}, within machines: Pearson r of each repeat's req/s with the host "
+              f"speed timed around it, {r['r']:.2f} [{r['r_ci_lo']:.2f}, {r['r_ci_hi']:.2f}] (95% CI, Fisher z "
+              f"given the machine), {_resolved(r)}; permutation p within machines {r['p_perm']:.3f}; "
+              f"{r['repeats']} repeats of {r['machines']} machines"
+              for r in (repeat_link(reps).iter_rows(named=True) if reps is not None else ())]  # fmt: skip
     if not sp.is_empty() and frame["gpu_model"].n_unique() > 1:
         notes.append("- Machines of different GPU models are not one spread: each line above is one GPU model's.")
     if "n_beside" in frame.columns:  # a point meant to be measured alone that was not

@@ -118,15 +118,22 @@ def _host_work() -> int:
     return sum(a * b for a, b in table.values())
 
 
-@functools.cache
-def host_speed_ms(number: int = 50, repeat: int = 5) -> float:
-    """Single-thread Python speed of the host, in ms (lower is faster): the shortest of ``repeat`` timings
+def time_host_ms(number: int = 50, repeat: int = 5) -> float:
+    """Single-thread Python speed of the host now, in ms (lower is faster): the shortest of ``repeat`` timings
     (:func:`timeit.repeat`) of ``number`` calls of a fixed pure-Python workload, per call. vLLM's API server
     and engine core each run Python on one core, so host-bound points (OPT-125M, small batches) move with
-    it; the shortest timing is the core's speed with the least interference. Once per process: in jobs that
-    serve requests before the job's own server starts (their result headers and the job log ask for it
-    first), in KV-cache probes after their server stopped; other jobs of a multi-GPU host may be running."""
+    it; the shortest timing is the core's speed with the least interference. About ``number * repeat`` x
+    0.5 ms on the hosts measured so far."""
     return 1000.0 * min(timeit.repeat(_host_work, number=number, repeat=repeat)) / number
+
+
+@functools.cache
+def host_speed_ms(number: int = 50, repeat: int = 5) -> float:
+    """:func:`time_host_ms` once per process, for the result header: in jobs that serve requests before the
+    job's own server starts (their result headers and the job log ask for it first), in KV-cache probes after
+    their server stopped; other jobs of a multi-GPU host may be running. Each repeat times the host again
+    around its load (:func:`slmserve.measure.measure`), as a host's speed moves within minutes."""
+    return time_host_ms(number, repeat)
 
 
 def gpu_info(gpu_ids: Sequence[int]) -> dict[str, Any]:

@@ -260,7 +260,8 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
       ``gauge_samples`` = the fewest running-gauge samples of a replica;
     * telemetry over the common window; ``energy_per_token_j`` = GPU energy / all output tokens;
       ``host_steal_frac``: :func:`slmserve.telemetry.steal_frac` from the first replica's end of warm-up to
-      the last replica's end (:func:`slmserve.measure.measure`).
+      the last replica's end (:func:`slmserve.measure.measure`); ``host_speed_repeat_ms``:
+      :func:`slmserve.analysis.host_speed_of`.
     """
     per = [analysis.request_metrics(g) for _, g in sorted(req.group_by("replica"), key=lambda kv: kv[0])]
     whole = analysis.request_metrics(req)
@@ -276,6 +277,7 @@ def repeat_metrics(req: pl.DataFrame, rep: dict[str, Any], tel: pl.DataFrame) ->
         **_effective_batch(rep),
         "beside": analysis.beside_text(rep),
         "host_steal_frac": rep.get("host_steal_frac"),
+        "host_speed_repeat_ms": analysis.host_speed_of(rep),
     }
     t0 = rep.get("t0_mono") or 0.0
     tsum = telemetry.summarize(tel, t0 + whole["window_start_s"], t0 + whole["window_end_s"])

@@ -7,10 +7,12 @@ scipy). With one repeat there is no spread and no interval (None).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from scipy import stats as _st
 
 LEVEL = 0.95
@@ -80,6 +82,42 @@ def correlation(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
     ci = res.confidence_interval(LEVEL)
     return {"n": n, "r": float(res.statistic), "ci_lo": float(ci.low), "ci_hi": float(ci.high),
             "p_perm": float(res.pvalue)}  # fmt: skip
+
+
+def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequence[Any],
+                       n_resamples: int = 9999) -> dict[str, Any]:  # fmt: skip
+    """Pearson's ``r`` of paired values within groups (a machine's repeats): the ``r`` of each value's
+    deviation from its group's mean, so that what sets groups apart does not count. Its 95% CI by Fisher's z
+    over ``N - k - 2`` degrees of freedom, ``tanh(atanh(r) ± z(0.975) / sqrt(N - k - 2))`` (``N`` pairs in
+    ``k`` groups: a partial correlation given ``k - 1`` group indicators), and ``p_perm``, the two-sided
+    p-value of ``|r|`` against ``n_resamples`` random pairings shuffled within each group (seeded), counting
+    the observed one. Groups of one pair tell nothing within and are left out; ``n`` and ``groups`` count
+    what remains. Fewer than ``k + 4`` pairs, or deviations that are all 0, give no r (None)."""
+    if not len(xs) == len(ys) == len(groups):
+        raise ValueError(f"{len(xs)} x, {len(ys)} y and {len(groups)} group values: a correlation needs triples")
+    members: dict[Any, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    kept = [idx for idx in members.values() if len(idx) > 1]
+    n, k = sum(map(len, kept)), len(kept)
+    none = {"n": n, "groups": k, "r": None, "ci_lo": None, "ci_hi": None, "p_perm": None}
+    if n < k + 4:
+        return none
+    x, y = (np.concatenate([np.asarray([v[i] for i in idx], float) - np.mean([v[i] for i in idx])
+                            for idx in kept]) for v in (xs, ys))  # fmt: skip
+    if not x.any() or not y.any():
+        return none
+    r = float(_st.pearsonr(x, y).statistic)
+    half = _st.norm.ppf(0.5 + LEVEL / 2) / math.sqrt(n - k - 2)
+    z = math.atanh(max(min(r, 1 - 1e-15), -1 + 1e-15))
+    rng = np.random.default_rng(0)
+    bounds = np.cumsum([0, *map(len, kept)])
+    shuffled = np.empty((n_resamples, n))
+    for lo, hi in itertools.pairwise(bounds):  # each group's deviations shuffled among its own pairs
+        shuffled[:, lo:hi] = rng.permuted(np.broadcast_to(y[lo:hi], (n_resamples, hi - lo)), axis=1)
+    rs = (shuffled @ x) / (np.linalg.norm(shuffled, axis=1) * np.linalg.norm(x))
+    p = (1 + int(np.sum(np.abs(rs) >= abs(r) - 1e-12))) / (1 + n_resamples)
+    return {"n": n, "groups": k, "r": r, "ci_lo": math.tanh(z - half), "ci_hi": math.tanh(z + half), "p_perm": p}
 
 
 def summary_sample(row: Mapping[str, Any], metric: str = "throughput_rps") -> dict[str, Any]:
