@@ -213,8 +213,8 @@ def test_a_repeat_times_the_host_before_its_loads_and_after_them_with_no_thread_
     events: list[tuple[str, Any]] = []
     timings = iter([0.61, 0.97])
 
-    def timed(number: int, repeat: int) -> float:
-        events.append(("time", (number, repeat, threading.active_count())))
+    def timed(*args: object, **kwargs: object) -> float:
+        events.append(("time", (args, kwargs, threading.active_count())))
         return next(timings)
 
     def loads(*a: object) -> list:
@@ -226,8 +226,8 @@ def test_a_repeat_times_the_host_before_its_loads_and_after_them_with_no_thread_
     idle = threading.active_count()
     m = measure.measure([StandInServer()], [None], [], interval_s=0.05, sample=True, where="")  # type: ignore[list-item]
     assert [e[0] for e in events] == ["time", "loads", "time"]
-    probe = (measure.HOST_PROBE["number"], measure.HOST_PROBE["repeat"], idle)
-    assert events[0][1] == probe and events[2][1] == probe  # no sampler or poller thread alive then
+    probe = ((), {}, idle)  # the result header's timing (its scale), with no sampler or poller thread alive
+    assert events[0][1] == probe and events[2][1] == probe
     assert events[1][1] > idle  # ... while the loads ran beside them
     assert (m.meta["host_speed_before_ms"], m.meta["host_speed_after_ms"]) == (0.61, 0.97)
     assert analysis.host_speed_of(m.meta) == pytest.approx(0.79)
@@ -273,10 +273,16 @@ def test_within_correlation_leaves_out_what_sets_groups_apart() -> None:
         exact.append(stats.within_correlation(xs[:9], ys_p, groups[:9], n_resamples=1)["r"])
     want = sum(abs(e) >= abs(r) - 1e-12 for e in exact) / len(exact)
     assert c["p_perm"] == pytest.approx(want, abs=0.02) and want < 0.1
+    # a weaker link, whose exact p (104 of the 216 pairings) a shuffle across machines, or one shuffle for
+    # every resample, would miss
+    weak = [101.0, 99.0, 100.5, 201.0, 199.0, 200.5, 300.0, 302.0, 299.0]
+    assert stats.within_correlation(xs[:9], weak, groups[:9])["p_perm"] == pytest.approx(104 / 216, abs=0.01)
     assert stats.within_correlation(xs[:9], ys[:9], groups[:9], n_resamples=99)["p_perm"] >= 0.01  # counts r itself
     assert stats.within_correlation(xs[:5], ys[:5], groups[:5])["r"] is None  # 5 pairs in 2 groups: too few
     assert stats.within_correlation(xs[:6], ys[:6], groups[:6])["r"] is not None  # 6: N - k - 2 = 2
     assert stats.within_correlation([1.0] * 9, ys[:9], groups[:9])["r"] is None  # no deviation within
+    assert stats.within_correlation([0.1] * 9, ys[:9], groups[:9])["r"] is None  # nor rounding's 1e-17
+    assert stats.within_correlation([0.1] * 3 + xs[3:9], ys[:9], groups[:9])["r"] is not None  # one machine moves
     with pytest.raises(ValueError, match="9 x, 9 y and 8 group values"):
         stats.within_correlation(xs[:9], ys[:9], groups[:8])
 

@@ -226,7 +226,7 @@ def host_speed_of(rep: Mapping[str, Any]) -> float | None:
     """``host_speed_repeat_ms``, the host's Python speed around one repeat (lower is faster): the mean of
     :func:`slmserve.provenance.time_host_ms` just before its loads and just after them
     (``(host_speed_before_ms + host_speed_after_ms) / 2``, :func:`slmserve.measure.measure`); None for a
-    repeat without both (files written before 2026-11-29)."""
+    repeat without both (files written before commit 094ee05, 2026-11-29)."""
     before, after = rep.get("host_speed_before_ms"), rep.get("host_speed_after_ms")
     return None if before is None or after is None else (before + after) / 2
 

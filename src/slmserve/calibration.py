@@ -126,7 +126,8 @@ def repeats(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
 
 def repeat_link(reps: pl.DataFrame) -> pl.DataFrame:
     """Per model and GPU model: whether a machine measures more in its repeats where its host ran faster, as
-    Pearson's ``r`` of ``host_speed_repeat_ms`` and ``throughput_rps`` within machines with its 95% CI and
+    Pearson's ``r`` of ``host_speed_repeat_ms`` and ``throughput_rps`` within machines (``r`` < 0: the faster
+    the Python around a repeat, the more req/s in it) with its 95% CI and
     permutation p (:func:`slmserve.stats.within_correlation`), over the ``repeats`` of the ``machines`` with two
     or more repeats timed; only where that gives an ``r``."""
     floats = ("r", "r_ci_lo", "r_ci_hi", "p_perm")

@@ -12,7 +12,7 @@ Metadata of a measured point: ``status``, ``reason`` and ``repeats``, one entry 
 (running-request statistics, :func:`slmserve.enginemetrics.effective_batch`), one item per server, and
 ``telemetry`` (the sampler's status), ``beside``: the other jobs that held GPUs of the host when the
 repeat began or ended (absent where not asked, as in older files), ``host_steal_frac`` and
-``host_speed_before_ms``/``host_speed_after_ms`` (since 2026-11-29; see :func:`measure`).
+``host_speed_before_ms``/``host_speed_after_ms`` (from commit 094ee05 on; see :func:`measure`).
 :func:`repeats_of` also reads the layout of older result files.
 """
 
@@ -47,8 +47,6 @@ DEATH_GRACE_S = 5.0
 # Client lag allowed per request put in flight at t0 (starting one costs ~0.1-0.2 ms of client CPU).
 LAG_MIN_S = 0.010
 LAG_PER_REQUEST_S = 0.0005
-# The host's Python speed around each repeat (provenance.time_host_ms): 5 x 10 calls, about 25 ms a reading.
-HOST_PROBE = {"number": 10, "repeat": 5}
 
 
 def lag_threshold_s(at_once: int, rate: float = math.inf) -> float:
@@ -169,10 +167,12 @@ def measure(
     holding GPUs of the host; asked before and after the load, its jobs are recorded as ``beside``. The
     host's CPU steal over the measured phase (from the first load's end of warm-up to the last load's end) is
     recorded as ``host_steal_frac`` (:func:`slmserve.telemetry.steal_frac`), and the host's Python speed
-    (:func:`slmserve.provenance.time_host_ms`) just before the loads and just after them, while no sampler or
-    poller thread runs and the servers are idle, as ``host_speed_before_ms`` and ``host_speed_after_ms``."""
+    (:func:`slmserve.provenance.time_host_ms`, the result header's timing, so on its scale; 0.13-0.35 s a
+    reading on the hosts measured, outside the measured phase) just before the loads and just after them,
+    while no sampler or poller thread runs and the servers are idle, as ``host_speed_before_ms`` and
+    ``host_speed_after_ms``."""
     t_start = time.monotonic()
-    speed_before = provenance.time_host_ms(**HOST_PROBE)
+    speed_before = provenance.time_host_ms()
     jobs_before = _ask(beside)
     before: list[dict[str, float]] = [{} for _ in servers]  # each read after its load's warm-up
 
@@ -193,7 +193,7 @@ def measure(
             stack.callback(sampler.stop)
         results = _run_loads(servers, specs, where, [functools.partial(read_counters, i) for i in range(len(servers))])
         host_after = telemetry.host_cpu_times()  # before the sampler's and pollers' threads are joined
-    speed_after = provenance.time_host_ms(**HOST_PROBE)  # the threads above are joined
+    speed_after = provenance.time_host_ms()  # the threads above are joined
     tel = sampler.frame if sample and sampler.frame is not None else telemetry.empty_frame()
     after = [srv.counters() for srv in servers]
     meta = {

@@ -92,7 +92,8 @@ def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequenc
     ``k`` groups: a partial correlation given ``k - 1`` group indicators), and ``p_perm``, the two-sided
     p-value of ``|r|`` against ``n_resamples`` random pairings shuffled within each group (seeded), counting
     the observed one. Groups of one pair tell nothing within and are left out; ``n`` and ``groups`` count
-    what remains. Fewer than ``k + 4`` pairs, or deviations that are all 0, give no r (None)."""
+    what remains. Fewer than ``k + 4`` pairs, or x or y constant within every group, give no r (None); an
+    ``r`` of exactly ±1 has a CI of that one value."""
     if not len(xs) == len(ys) == len(groups):
         raise ValueError(f"{len(xs)} x, {len(ys)} y and {len(groups)} group values: a correlation needs triples")
     members: dict[Any, list[int]] = {}
@@ -103,10 +104,10 @@ def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequenc
     none = {"n": n, "groups": k, "r": None, "ci_lo": None, "ci_hi": None, "p_perm": None}
     if n < k + 4:
         return none
+    if any(all(len({v[i] for i in idx}) < 2 for idx in kept) for v in (xs, ys)):
+        return none  # no value moves within any group (tested on the values: rounding leaves deviations of 1e-17)
     x, y = (np.concatenate([np.asarray([v[i] for i in idx], float) - np.mean([v[i] for i in idx])
                             for idx in kept]) for v in (xs, ys))  # fmt: skip
-    if not x.any() or not y.any():
-        return none
     r = float(_st.pearsonr(x, y).statistic)
     half = _st.norm.ppf(0.5 + LEVEL / 2) / math.sqrt(n - k - 2)
     z = math.atanh(max(min(r, 1 - 1e-15), -1 + 1e-15))
