@@ -243,6 +243,8 @@ def test_summaries_and_the_calibration_table_carry_the_host_speed_of_each_repeat
     assert [r["host_speed_repeat_ms"] for r in analysis.summarize_repeats(path)] == pytest.approx([0.6, None, 1.1])
     assert analysis.summarize_run(path)["host_speed_repeat_ms"] == pytest.approx(0.85)  # the repeats timed
     assert calibration.table([path]).row(0, named=True)["host_speed_repeat_ms"] == pytest.approx(0.85)
+    md = calibration.to_markdown(calibration.table([path]))
+    assert "(16; GenuineIntel 6/207/2; 0.500 ms, repeats 0.850 ms) |" in md
     reps = calibration.repeats([path, _place_old(src, tmp_path)])
     assert reps.columns == ["machine", "model", "gpu_model", "repeat", "throughput_rps", "host_speed_repeat_ms"]
     mine = reps.filter(pl.col("machine") == "h200-0000aaaa")

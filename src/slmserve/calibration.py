@@ -165,8 +165,11 @@ def _pct(x: float | None, digits: int = 1) -> str:
 
 
 def _host(r: dict[str, Any]) -> str:
-    """``Intel(R) Xeon(R) Processor (16; GenuineIntel 6/207/2; 0.452 ms)``; the parts a file records."""
+    """``Intel(R) Xeon(R) Processor (16; GenuineIntel 6/207/2; 0.452 ms, repeats 0.814 ms)``; the parts a file
+    records."""
     speed = None if r.get("host_speed_ms") is None else f"{r['host_speed_ms']:.3f} ms"
+    if speed and r.get("host_speed_repeat_ms") is not None:
+        speed += f", repeats {r['host_speed_repeat_ms']:.3f} ms"
     parts = [str(x) for x in (r["cpu_cores"], r.get("cpu_id"), speed) if x is not None]
     return f"{r['cpu_model']} ({'; '.join(parts)})"
 
@@ -190,9 +193,10 @@ def to_markdown(frame: pl.DataFrame, reps: pl.DataFrame | None = None) -> str:
         "One calibration point per machine (config `calibration`; slmserve.calibration), planned as its first "
         "GPU job (rule `calibrate`); the csv's `created` says when it ran. CI: Student's t over the repeats. "
         "Python ms: slmserve.provenance.host_speed_ms, a single-thread timing taken before the server started "
-        "(lower is faster); CPU steal: the share of the CPU time the host wanted that its hypervisor kept, "
-        "during the measured requests, mean over the repeats (slmserve.telemetry.steal_frac); both recorded "
-        "since 2026-11-29.",
+        '(lower is faster), and since commit 094ee05 the mean of those taken around each repeat ("repeats", '
+        "slmserve.analysis.host_speed_of); CPU steal: the share of the CPU time the host wanted that its "
+        "hypervisor kept, during the measured requests, mean over the repeats (slmserve.telemetry.steal_frac); "
+        "both recorded since 2026-11-29.",
     ]
     notes += [f"- {r['model']} on {r['gpu_model']}: {r['machines']} machines, {_fmt(r['lowest'])} to "
               f"{_fmt(r['highest'])} req/s (highest / lowest {_ratio(r)})"
