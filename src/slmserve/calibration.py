@@ -35,13 +35,18 @@ _FLOATS = ("host_speed_ms", "host_speed_repeat_ms", "throughput_rps", "throughpu
            "host_steal_frac")  # fmt: skip
 
 
-def row(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The calibration row of one file (module docstring); ValueError for a path not of the layout."""
+def _read(path: str | os.PathLike[str]) -> tuple[dict[str, str], dict[str, Any], list[dict[str, Any]]]:
+    """A calibration file's layout keys, provenance and repeats (:func:`slmserve.analysis.summarize_repeats`);
+    ValueError for a path not of the layout."""
     kind, keys = layout.parse(str(path))
     if kind != "calibration":
         raise ValueError(f"{path}: not a calibration file (calibration/<machine>/<model>.requests.parquet)")
-    prov = io.read_meta(path)["provenance"]
-    reps = analysis.summarize_repeats(path)
+    return keys, io.read_meta(path)["provenance"], analysis.summarize_repeats(path)
+
+
+def _row(path: str | os.PathLike[str], keys: dict[str, str], prov: dict[str, Any],
+         reps: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """The calibration row of one file (module docstring) from what :func:`_read` gives."""
     d = stats.describe([r.get("throughput_rps") for r in reps])
     return {
         "machine": keys["machine"], "model": keys["model"], "gpu_model": analysis.gpu_model(prov),
@@ -58,13 +63,28 @@ def row(path: str | os.PathLike[str]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def load(paths: Iterable[str | os.PathLike[str]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`table` and :func:`repeats` of the same files, each file read once."""
+    rows, rep_rows = [], []
+    for path in paths:
+        keys, prov, reps = _read(path)
+        rows.append(_row(path, keys, prov, reps))
+        rep_rows += [{"machine": keys["machine"], "model": keys["model"], "gpu_model": analysis.gpu_model(prov),
+                      "repeat": r.get("repeat"), "throughput_rps": r.get("throughput_rps"),
+                      "host_speed_repeat_ms": r.get("host_speed_repeat_ms")} for r in reps]  # fmt: skip
+    rep_schema = {"machine": pl.String, "model": pl.String, "gpu_model": pl.String, "repeat": pl.Int64,
+                  "throughput_rps": pl.Float64, "host_speed_repeat_ms": pl.Float64}  # fmt: skip
+    if not rows:
+        frame = pl.DataFrame(schema={c: pl.Float64 if c in _FLOATS else pl.Utf8 for c in COLUMNS})
+    else:
+        frame = pl.DataFrame(rows, schema_overrides={c: pl.Float64 for c in _FLOATS}, infer_schema_length=None)
+        frame = frame.select(COLUMNS).sort("model", "machine")
+    return frame, pl.DataFrame(rep_rows, schema=rep_schema)
+
+
 def table(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
     """One row per calibration file (module docstring), by model then machine."""
-    rows = [row(p) for p in paths]
-    if not rows:
-        return pl.DataFrame(schema={c: pl.Float64 if c in _FLOATS else pl.Utf8 for c in COLUMNS})
-    frame = pl.DataFrame(rows, schema_overrides={c: pl.Float64 for c in _FLOATS}, infer_schema_length=None)
-    return frame.select(COLUMNS).sort("model", "machine")
+    return load(paths)[0]
 
 
 def spread(frame: pl.DataFrame) -> pl.DataFrame:
@@ -112,16 +132,7 @@ def host_link(frame: pl.DataFrame) -> pl.DataFrame:
 def repeats(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
     """One row per repeat of the calibration files: ``machine``, ``model``, ``gpu_model``, ``repeat``,
     ``throughput_rps`` and ``host_speed_repeat_ms`` (null in files written before it)."""
-    rows = []
-    for path in paths:
-        keys = layout.parse(str(path))[1]
-        gpu = analysis.gpu_model(io.read_meta(path)["provenance"])
-        rows += [{"machine": keys["machine"], "model": keys["model"], "gpu_model": gpu, "repeat": r.get("repeat"),
-                  "throughput_rps": r.get("throughput_rps"), "host_speed_repeat_ms": r.get("host_speed_repeat_ms")}
-                 for r in analysis.summarize_repeats(path)]  # fmt: skip
-    schema = {"machine": pl.String, "model": pl.String, "gpu_model": pl.String, "repeat": pl.Int64,
-              "throughput_rps": pl.Float64, "host_speed_repeat_ms": pl.Float64}  # fmt: skip
-    return pl.DataFrame(rows, schema=schema)
+    return load(paths)[1]
 
 
 def repeat_link(reps: pl.DataFrame) -> pl.DataFrame:

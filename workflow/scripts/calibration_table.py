@@ -6,8 +6,7 @@ from slmserve import calibration
 from slmserve.io import atomic_write_text
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
-frame = calibration.table(list(snakemake.input))
-reps = calibration.repeats(list(snakemake.input))
+frame, reps = calibration.load(list(snakemake.input))  # each file read once
 atomic_write_text(snakemake.output.csv, frame.write_csv())
 atomic_write_text(snakemake.output.md, calibration.to_markdown(frame, reps))
 logging.info("calibration: %d points of %d machines", frame.height, frame["machine"].n_unique())
