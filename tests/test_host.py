@@ -321,3 +321,53 @@ def test_the_repeat_link_is_per_model_and_gpu_model_and_reaches_the_table() -> N
     ) in md and "; 12 repeats of 4 machines" in md
     assert "within machines" not in calibration.to_markdown(table)
     assert calibration.repeat_link(reps.head(0)).columns == link.columns
+
+
+def test_each_link_says_how_its_r_stands_with_one_machine_left_out() -> None:
+    """Made-up repeats (named as such): five H200s, one of which (m5) alone moves with its host, so that the
+    within-machine verdict rests on it; and the machine-level link of the same machines (their hosts apart),
+    where every subset of four still gives an r, and of four machines, where none of three does."""
+    flat = {"m1": [150.0, 149.0, 151.0], "m2": [120.0, 121.0, 119.0], "m3": [100.0, 100.5, 99.5],
+            "m4": [130.0, 129.5, 130.5]}  # fmt: skip
+    rows = [(m, "opt125m", "H200", i, y, x + 0.1 * k) for k, (m, ys) in enumerate(flat.items())
+            for i, (x, y) in enumerate(zip([0.6, 0.7, 0.8], ys, strict=True))]  # fmt: skip
+    rows += [("m5", "opt125m", "H200", i, y, x) for i, (x, y) in enumerate([(0.5, 170.0), (0.9, 120.0), (1.3, 90.0)])]
+    reps = pl.DataFrame(rows, schema=["machine", "model", "gpu_model", "repeat", "throughput_rps",
+                                      "host_speed_repeat_ms"], orient="row")  # fmt: skip
+    r = calibration.repeat_link(reps).row(0, named=True)
+    subsets = {m: stats.within_correlation(*(s[c].to_list() for c in ("host_speed_repeat_ms", "throughput_rps",
+                                                                      "machine")))
+               for m in flat.keys() | {"m5"} for s in [reps.filter(pl.col("machine") != m)]}  # fmt: skip
+    assert r["r_ci_hi"] < 0 and subsets["m5"]["ci_hi"] > 0  # resolved with m5, not without it
+    assert r["loo_weakest"] == "m5" and r["loo_fits"] == 5
+    assert r["loo_resolved"] == sum(c["ci_hi"] < 0 or c["ci_lo"] > 0 for c in subsets.values()) == 4
+    assert (r["r_loo_lo"], r["r_loo_hi"]) == pytest.approx(
+        (min(c["r"] for c in subsets.values()), max(c["r"] for c in subsets.values()))
+    )
+    assert r["r_loo_hi"] == pytest.approx(subsets["m5"]["r"])
+
+    means = reps.group_by("machine", "model", "gpu_model").agg(pl.col("host_speed_repeat_ms").mean().alias(
+        "host_speed_ms"), pl.col("throughput_rps").mean()).sort("machine")  # fmt: skip
+    link = calibration.host_link(means).row(0, named=True)
+    wants = {m: stats.correlation(s["host_speed_ms"].to_list(), s["throughput_rps"].to_list())
+             for m in means["machine"] for s in [means.filter(pl.col("machine") != m)]}  # fmt: skip
+    assert link["loo_fits"] == 5
+    assert (link["r_loo_lo"], link["r_loo_hi"]) == pytest.approx(
+        (min(c["r"] for c in wants.values()), max(c["r"] for c in wants.values()))
+    )
+    sign = 1 if link["r"] >= 0 else -1
+    assert link["loo_weakest"] == min(wants, key=lambda m: sign * wants[m]["r"])
+    mirrored = calibration.host_link(means.with_columns(-pl.col("host_speed_ms"))).row(0, named=True)
+    assert mirrored["r"] == pytest.approx(-link["r"]) and mirrored["loo_weakest"] == link["loo_weakest"]
+    assert calibration.host_link(means.filter(pl.col("machine") != "m1")).row(0, named=True)["loo_fits"] == 0
+
+    table = means.with_columns(driver=pl.lit(None, pl.String), cpu_model=pl.lit("x"), cpu_cores=pl.lit(16),
+                               engine_version=pl.lit("0.26.0"), batch_size=pl.lit(256), n=pl.lit(3),
+                               ci_lo=pl.lit(1.0), ci_hi=pl.lit(2.0), cv=pl.lit(0.1),
+                               throughput_rps_sd=pl.lit(1.0))  # fmt: skip
+    md = calibration.to_markdown(table, reps)
+    assert (f"15 repeats of 5 machines; one machine left out at a time: r {r['r_loo_lo']:.2f} to "
+            f"{r['r_loo_hi']:.2f}, resolved in 4 of 5 (weakest without m5)") in md  # fmt: skip
+    assert f"{link['p_perm']:.3f}; one machine left out at a time: r {link['r_loo_lo']:.2f}" in md
+    four = calibration.to_markdown(table.filter(pl.col("machine") != "m1"))
+    assert "; no r with one machine left out" in four

@@ -15,13 +15,15 @@ without 2 machines of one GPU model: an H200 beside H100s is another GPU, not a 
 :func:`host_link`: per model and GPU model, the correlation of the machines' throughput with their host speed;
 :func:`repeat_link`: the same within machines, repeat by repeat (:func:`repeats`), with the host's speed timed
 around each repeat (``host_speed_repeat_ms``, :func:`slmserve.analysis.host_speed_of`; its mean over a point's
-repeats is a column of :func:`table`), which a host's speed moving within minutes calls for.
+repeats is a column of :func:`table`), which a host's speed moving within minutes calls for. Both say too how
+the ``r`` stands with one machine left out at a time (:func:`_without_each`): with few machines, one of them can
+carry a verdict.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import polars as pl
@@ -109,23 +111,58 @@ def spread(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
+_LOO_SCHEMA = {"r_loo_lo": pl.Float64, "r_loo_hi": pl.Float64, "loo_fits": pl.Int64, "loo_resolved": pl.Int64,
+               "loo_weakest": pl.String}  # fmt: skip
+
+
+def _excludes_zero(c: dict[str, Any]) -> bool:
+    return c["ci_hi"] < 0 or c["ci_lo"] > 0
+
+
+def _without_each(group: pl.DataFrame, r: float, fit: Callable[[pl.DataFrame], dict[str, Any]]) -> dict[str, Any]:
+    """The correlation ``fit`` (a :mod:`slmserve.stats` result) of ``group`` again with each machine left out
+    in turn: the lowest and highest of their ``r`` (``r_loo_lo``, ``r_loo_hi``), how many give one
+    (``loo_fits``), how many of those have a 95% CI that excludes 0 (``loo_resolved``), and the machine whose
+    leaving out moves ``r`` (the whole group's) furthest towards 0 or past it (``loo_weakest``)."""
+    fits = {m: fit(group.filter(pl.col("machine") != m)) for m in group["machine"].unique(maintain_order=True)}
+    fits = {m: c for m, c in fits.items() if c["r"] is not None}
+    if not fits:
+        return {"r_loo_lo": None, "r_loo_hi": None, "loo_fits": 0, "loo_resolved": 0, "loo_weakest": None}
+    rs = [c["r"] for c in fits.values()]
+    return {"r_loo_lo": min(rs), "r_loo_hi": max(rs), "loo_fits": len(fits),
+            "loo_resolved": sum(map(_excludes_zero, fits.values())),
+            "loo_weakest": min(fits, key=lambda m: fits[m]["r"] * (1 if r >= 0 else -1))}  # fmt: skip
+
+
+def _host_fit(g: pl.DataFrame) -> dict[str, Any]:
+    return stats.correlation(g["host_speed_ms"].to_list(), g["throughput_rps"].to_list())
+
+
+def _repeat_fit(g: pl.DataFrame) -> dict[str, Any]:
+    return stats.within_correlation(g["host_speed_repeat_ms"].to_list(), g["throughput_rps"].to_list(),
+                                    g["machine"].to_list())  # fmt: skip
+
+
 def host_link(frame: pl.DataFrame) -> pl.DataFrame:
     """Per model and GPU model with 4 or more machines that recorded a host speed: whether faster hosts
     measure more, as Pearson's ``r`` between ``host_speed_ms`` and the machines' mean throughput with its
     95% CI (:func:`slmserve.stats.correlation`; ``r`` < 0: the faster the Python, the more req/s), its
-    permutation p-value ``p_perm``, and the ``lowest`` and ``highest`` host speed behind it."""
+    permutation p-value ``p_perm``, the ``lowest`` and ``highest`` host speed behind it, and the same with one
+    machine left out at a time (:func:`_without_each`)."""
     floats = ("r", "r_ci_lo", "r_ci_hi", "p_perm", "lowest", "highest")
-    schema = {"model": pl.String, "gpu_model": pl.String, "machines": pl.Int64, **dict.fromkeys(floats, pl.Float64)}
+    schema = {"model": pl.String, "gpu_model": pl.String, "machines": pl.Int64, **dict.fromkeys(floats, pl.Float64),
+              **_LOO_SCHEMA}  # fmt: skip
     if "host_speed_ms" not in frame.columns:
         return pl.DataFrame(schema=schema)
     rows = []
     ok = frame.filter(pl.col("throughput_rps").is_not_null() & pl.col("host_speed_ms").is_not_null())
     for (model, gpu), group in ok.group_by("model", "gpu_model", maintain_order=True):
-        c = stats.correlation(group["host_speed_ms"].to_list(), group["throughput_rps"].to_list())
+        c = _host_fit(group)
         if c["r"] is not None:
             rows.append({"model": model, "gpu_model": gpu, "machines": c["n"], "r": c["r"], "r_ci_lo": c["ci_lo"],
                          "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"], "lowest": group["host_speed_ms"].min(),
-                         "highest": group["host_speed_ms"].max()})  # fmt: skip
+                         "highest": group["host_speed_ms"].max(),
+                         **_without_each(group, c["r"], _host_fit)})  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
 
 
@@ -140,23 +177,32 @@ def repeat_link(reps: pl.DataFrame) -> pl.DataFrame:
     Pearson's ``r`` of ``host_speed_repeat_ms`` and ``throughput_rps`` within machines (``r`` < 0: the faster
     the Python around a repeat, the more req/s in it) with its 95% CI and
     permutation p (:func:`slmserve.stats.within_correlation`), over the ``repeats`` of the ``machines`` with two
-    or more repeats timed; only where that gives an ``r``."""
+    or more repeats timed, and the same with one machine left out at a time (:func:`_without_each`); only where
+    that gives an ``r``."""
     floats = ("r", "r_ci_lo", "r_ci_hi", "p_perm")
     schema = {"model": pl.String, "gpu_model": pl.String, "machines": pl.Int64, "repeats": pl.Int64,
-              **dict.fromkeys(floats, pl.Float64)}  # fmt: skip
+              **dict.fromkeys(floats, pl.Float64), **_LOO_SCHEMA}  # fmt: skip
     ok = reps.filter(pl.col("throughput_rps").is_not_null() & pl.col("host_speed_repeat_ms").is_not_null())
     rows = []
     for (model, gpu), g in ok.group_by("model", "gpu_model", maintain_order=True):
-        c = stats.within_correlation(g["host_speed_repeat_ms"].to_list(), g["throughput_rps"].to_list(),
-                                     g["machine"].to_list())  # fmt: skip
+        c = _repeat_fit(g)
         if c["r"] is not None:
             rows.append({"model": model, "gpu_model": gpu, "machines": c["groups"], "repeats": c["n"], "r": c["r"],
-                         "r_ci_lo": c["ci_lo"], "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"]})  # fmt: skip
+                         "r_ci_lo": c["ci_lo"], "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"],
+                         **_without_each(g, c["r"], _repeat_fit)})  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
 
 
 def _resolved(r: dict[str, Any]) -> str:
-    return "resolved" if r["r_ci_hi"] < 0 or r["r_ci_lo"] > 0 else "not resolved"
+    return "resolved" if _excludes_zero({"ci_lo": r["r_ci_lo"], "ci_hi": r["r_ci_hi"]}) else "not resolved"
+
+
+def _loo(r: dict[str, Any]) -> str:
+    """``; one machine left out at a time: r -0.82 to -0.51, resolved in 4 of 6 (weakest without m3)``."""
+    if not r["loo_fits"]:
+        return "; no r with one machine left out"
+    return (f"; one machine left out at a time: r {r['r_loo_lo']:.2f} to {r['r_loo_hi']:.2f}, resolved in "
+            f"{r['loo_resolved']} of {r['loo_fits']} (weakest without {r['loo_weakest']})")  # fmt: skip
 
 
 def _ratio(r: dict[str, Any]) -> str:
@@ -221,12 +267,12 @@ def to_markdown(frame: pl.DataFrame, reps: pl.DataFrame | None = None) -> str:
     notes += [f"- {r['model']} on {r['gpu_model']}: host speed {r['lowest']:.3f} to {r['highest']:.3f} ms over "
               f"{r['machines']} machines; Pearson r with req/s {r['r']:.2f} [{r['r_ci_lo']:.2f}, {r['r_ci_hi']:.2f}] "
               f"(95% CI, Fisher z; approximate with few machines), "
-              f"{_resolved(r)}; permutation p {r['p_perm']:.3f}"
+              f"{_resolved(r)}; permutation p {r['p_perm']:.3f}{_loo(r)}"
               for r in host_link(frame).iter_rows(named=True)]  # fmt: skip
     notes += [f"- {r['model']} on {r['gpu_model']}, within machines: Pearson r of each repeat's req/s with the host "
               f"speed timed around it, {r['r']:.2f} [{r['r_ci_lo']:.2f}, {r['r_ci_hi']:.2f}] (95% CI, Fisher z "
               f"given the machine), {_resolved(r)}; permutation p within machines {r['p_perm']:.3f}; "
-              f"{r['repeats']} repeats of {r['machines']} machines"
+              f"{r['repeats']} repeats of {r['machines']} machines{_loo(r)}"
               for r in (repeat_link(reps).iter_rows(named=True) if reps is not None else ())]  # fmt: skip
     if not sp.is_empty() and frame["gpu_model"].n_unique() > 1:
         notes.append("- Machines of different GPU models are not one spread: each line above is one GPU model's.")
