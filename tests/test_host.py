@@ -167,6 +167,15 @@ def test_correlation_is_pearsons_r_with_the_fisher_z_interval() -> None:
         stats.correlation(xs, ys[:4])
 
 
+def _made_up_table(frame: pl.DataFrame) -> pl.DataFrame:
+    """Made-up calibration rows (named as such): ``frame``'s machines, models, GPU models and req/s with the
+    other columns of a calibration table set to one value."""
+    return frame.with_columns(driver=pl.lit(None, pl.String), cpu_model=pl.lit("x"), cpu_cores=pl.lit(16),
+                              engine_version=pl.lit("0.26.0"), batch_size=pl.lit(256), n=pl.lit(3),
+                              ci_lo=pl.lit(1.0), ci_hi=pl.lit(2.0), cv=pl.lit(0.1),
+                              throughput_rps_sd=pl.lit(1.0))  # fmt: skip
+
+
 def test_the_host_link_needs_four_machines_with_a_host_speed_of_one_gpu_model() -> None:
     """Made-up calibration rows (named as such): 5 H200s with a host speed and 1 without for a host-bound
     model, 3 for a GPU-bound one, and an H100 that is no part of the H200s' line."""
@@ -184,10 +193,7 @@ def test_the_host_link_needs_four_machines_with_a_host_speed_of_one_gpu_model() 
     want = stats.correlation([0.50, 0.56, 0.78, 0.99, 1.23], [170.0, 168.0, 109.0, 93.0, 98.0])
     assert (r["r"], r["r_ci_lo"], r["r_ci_hi"]) == pytest.approx((want["r"], want["ci_lo"], want["ci_hi"]))
     assert (r["lowest"], r["highest"]) == (0.50, 1.23)
-    full = frame.with_columns(driver=pl.lit(None, pl.String), cpu_model=pl.lit("x"), cpu_cores=pl.lit(16),
-                              engine_version=pl.lit("0.26.0"), batch_size=pl.lit(256), n=pl.lit(3),
-                              ci_lo=pl.lit(1.0), ci_hi=pl.lit(2.0), cv=pl.lit(0.1),
-                              throughput_rps_sd=pl.lit(1.0))  # fmt: skip
+    full = _made_up_table(frame)
     md = calibration.to_markdown(full)
     assert "- opt125m on H200: host speed 0.500 to 1.230 ms over 5 machines; Pearson r with req/s" in md
     assert "(95% CI, Fisher z; approximate with few machines), resolved; permutation p 0.0" in md
@@ -323,51 +329,74 @@ def test_the_repeat_link_is_per_model_and_gpu_model_and_reaches_the_table() -> N
     assert calibration.repeat_link(reps.head(0)).columns == link.columns
 
 
-def test_each_link_says_how_its_r_stands_with_one_machine_left_out() -> None:
+def test_the_repeat_link_says_how_its_r_stands_with_each_machine_left_out() -> None:
     """Made-up repeats (named as such): five H200s, one of which (m5) alone moves with its host, so that the
-    within-machine verdict rests on it; and the machine-level link of the same machines (their hosts apart),
-    where every subset of four still gives an r, and of four machines, where none of three does."""
-    flat = {"m1": [150.0, 149.0, 151.0], "m2": [120.0, 121.0, 119.0], "m3": [100.0, 100.5, 99.5],
-            "m4": [130.0, 129.5, 130.5]}  # fmt: skip
-    rows = [(m, "opt125m", "H200", i, y, x + 0.1 * k) for k, (m, ys) in enumerate(flat.items())
+    verdict rests on it, and one (solo) with a single repeat, which is no part of a within-machine fit."""
+    flat = {"m1": [150.0, 149.0, 151.0], "m2": [120.0, 121.0, 119.0], "m3": [100.0, 100.7, 99.5],
+            "m4": [130.0, 129.5, 130.8]}  # fmt: skip
+    rows = [(m, "opt125m", "H200", i, y, x) for m, ys in flat.items()
             for i, (x, y) in enumerate(zip([0.6, 0.7, 0.8], ys, strict=True))]  # fmt: skip
     rows += [("m5", "opt125m", "H200", i, y, x) for i, (x, y) in enumerate([(0.5, 170.0), (0.9, 120.0), (1.3, 90.0)])]
+    rows += [("solo", "opt125m", "H200", 0, 300.0, 0.4)]
     reps = pl.DataFrame(rows, schema=["machine", "model", "gpu_model", "repeat", "throughput_rps",
                                       "host_speed_repeat_ms"], orient="row")  # fmt: skip
     r = calibration.repeat_link(reps).row(0, named=True)
-    subsets = {m: stats.within_correlation(*(s[c].to_list() for c in ("host_speed_repeat_ms", "throughput_rps",
+    assert (r["machines"], r["repeats"]) == (5, 15) and r["r_ci_hi"] < 0
+    without = {m: stats.within_correlation(*(s[c].to_list() for c in ("host_speed_repeat_ms", "throughput_rps",
                                                                       "machine")))
-               for m in flat.keys() | {"m5"} for s in [reps.filter(pl.col("machine") != m)]}  # fmt: skip
-    assert r["r_ci_hi"] < 0 and subsets["m5"]["ci_hi"] > 0  # resolved with m5, not without it
-    assert r["loo_weakest"] == "m5" and r["loo_fits"] == 5
-    assert r["loo_resolved"] == sum(c["ci_hi"] < 0 or c["ci_lo"] > 0 for c in subsets.values()) == 4
+               for m in [*flat, "m5"] for s in [reps.filter(pl.col("machine") != m)]}  # fmt: skip
+    assert without["m5"]["ci_lo"] < 0 < without["m5"]["ci_hi"]  # not resolved without m5
+    assert all(without[m]["ci_hi"] < 0 for m in flat)  # resolved, as with all, without any other
+    assert r["loo_fits"] == 5 and r["loo_resolved"] == 4  # solo's leaving out is the whole fit again: not one
+    assert r["loo_weakest"] == "m5"
+    w = without["m5"]
+    assert (r["loo_weakest_r"], r["loo_weakest_ci_lo"], r["loo_weakest_ci_hi"]) == pytest.approx(
+        (w["r"], w["ci_lo"], w["ci_hi"]))  # fmt: skip
     assert (r["r_loo_lo"], r["r_loo_hi"]) == pytest.approx(
-        (min(c["r"] for c in subsets.values()), max(c["r"] for c in subsets.values()))
-    )
-    assert r["r_loo_hi"] == pytest.approx(subsets["m5"]["r"])
-
-    means = reps.group_by("machine", "model", "gpu_model").agg(pl.col("host_speed_repeat_ms").mean().alias(
-        "host_speed_ms"), pl.col("throughput_rps").mean()).sort("machine")  # fmt: skip
-    link = calibration.host_link(means).row(0, named=True)
-    wants = {m: stats.correlation(s["host_speed_ms"].to_list(), s["throughput_rps"].to_list())
-             for m in means["machine"] for s in [means.filter(pl.col("machine") != m)]}  # fmt: skip
-    assert link["loo_fits"] == 5
-    assert (link["r_loo_lo"], link["r_loo_hi"]) == pytest.approx(
-        (min(c["r"] for c in wants.values()), max(c["r"] for c in wants.values()))
-    )
-    sign = 1 if link["r"] >= 0 else -1
-    assert link["loo_weakest"] == min(wants, key=lambda m: sign * wants[m]["r"])
-    mirrored = calibration.host_link(means.with_columns(-pl.col("host_speed_ms"))).row(0, named=True)
-    assert mirrored["r"] == pytest.approx(-link["r"]) and mirrored["loo_weakest"] == link["loo_weakest"]
-    assert calibration.host_link(means.filter(pl.col("machine") != "m1")).row(0, named=True)["loo_fits"] == 0
-
-    table = means.with_columns(driver=pl.lit(None, pl.String), cpu_model=pl.lit("x"), cpu_cores=pl.lit(16),
-                               engine_version=pl.lit("0.26.0"), batch_size=pl.lit(256), n=pl.lit(3),
-                               ci_lo=pl.lit(1.0), ci_hi=pl.lit(2.0), cv=pl.lit(0.1),
-                               throughput_rps_sd=pl.lit(1.0))  # fmt: skip
+        (min(c["r"] for c in without.values()), w["r"]))  # fmt: skip
+    table = _made_up_table(pl.DataFrame({"machine": ["m1", "m5"], "model": ["opt125m"] * 2, "gpu_model": ["H200"] * 2,
+                                         "throughput_rps": [150.0, 126.7]}))  # fmt: skip
     md = calibration.to_markdown(table, reps)
-    assert (f"15 repeats of 5 machines; one machine left out at a time: r {r['r_loo_lo']:.2f} to "
-            f"{r['r_loo_hi']:.2f}, resolved in 4 of 5 (weakest without m5)") in md  # fmt: skip
-    assert f"{link['p_perm']:.3f}; one machine left out at a time: r {link['r_loo_lo']:.2f}" in md
-    four = calibration.to_markdown(table.filter(pl.col("machine") != "m1"))
-    assert "; no r with one machine left out" in four
+    assert w["r"] > 0  # the four flat machines alone lean the other way: the range crosses 0
+    assert (f"15 repeats of 5 machines; one machine left out at a time: r {r['r_loo_lo']:.2f} to {w['r']:.2f}, "
+            f"crossing 0, resolved with the same sign in 4 of 5; weakest without m5: r {w['r']:.2f} "
+            f"[{w['ci_lo']:.2f}, {w['ci_hi']:.2f}]") in md  # fmt: skip
+
+
+def test_the_host_link_counts_a_machine_that_turns_its_sign_as_against_it() -> None:
+    """Made-up machine means (named as such): six H200s on a falling line and one outlier (m6) that turns the
+    whole line rising: without m6 the link is resolved, with the other sign."""
+    xs = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 2.0]
+    ys = [200 - 60 * x + e for x, e in zip(xs, [0.0, 3.0, -2.0, 1.0, -3.0, 2.0], strict=False)] + [300.0]
+    means = pl.DataFrame({"machine": [f"m{i}" for i in range(7)], "model": ["opt125m"] * 7,
+                          "gpu_model": ["H200"] * 7, "host_speed_ms": xs, "throughput_rps": ys})  # fmt: skip
+    link = calibration.host_link(means).row(0, named=True)
+    without = {m: stats.correlation(s["host_speed_ms"].to_list(), s["throughput_rps"].to_list())
+               for m in means["machine"] for s in [means.filter(pl.col("machine") != m)]}  # fmt: skip
+    assert link["r_ci_lo"] > 0 and without["m6"]["ci_hi"] < 0
+    assert all(without[f"m{i}"]["ci_lo"] > 0 for i in range(6))
+    assert (link["loo_fits"], link["loo_resolved"], link["loo_weakest"]) == (7, 6, "m6")
+    assert abs(without["m6"]["r"]) > min(abs(c["r"]) for c in without.values())  # weakest: not "nearest 0"
+    assert link["r_loo_lo"] == pytest.approx(without["m6"]["r"]) == pytest.approx(link["loo_weakest_r"])
+    mirrored = calibration.host_link(means.with_columns(-pl.col("host_speed_ms"))).row(0, named=True)
+    assert mirrored["r"] == pytest.approx(-link["r"])
+    assert (mirrored["loo_resolved"], mirrored["loo_weakest"]) == (6, "m6")
+    table = _made_up_table(means)
+    md = calibration.to_markdown(table)
+    assert (f"permutation p {link['p_perm']:.3f}; one machine left out at a time: r {link['r_loo_lo']:.2f} to "
+            f"{link['r_loo_hi']:.2f}, crossing 0, resolved with the same sign in 6 of 7; weakest without m6: r "
+            f"{without['m6']['r']:.2f} [") in md  # fmt: skip
+    four = calibration.to_markdown(table.head(4))
+    assert "over 4 machines" in four and "; no r with one machine left out" in four
+
+
+def test_a_correlation_without_its_permutation_test_has_the_same_r_and_ci() -> None:
+    xs, ys = [0.5, 0.6, 0.9, 1.0, 1.2], [170.0, 160.0, 110.0, 120.0, 95.0]
+    full, quick = stats.correlation(xs, ys), stats.correlation(xs, ys, permute=False)
+    assert quick["p_perm"] is None and full["p_perm"] is not None
+    assert {k: quick[k] for k in ("n", "r", "ci_lo", "ci_hi")} == {k: full[k] for k in ("n", "r", "ci_lo", "ci_hi")}
+    xs, ys, groups = [*xs, 0.7], [*ys, 150.0], ["a"] * 3 + ["b"] * 3
+    full, quick = stats.within_correlation(xs, ys, groups), stats.within_correlation(xs, ys, groups, n_resamples=0)
+    assert quick["p_perm"] is None and full["p_perm"] is not None
+    assert {k: quick[k] for k in ("n", "groups", "r", "ci_lo", "ci_hi")} == {
+        k: full[k] for k in ("n", "groups", "r", "ci_lo", "ci_hi")}  # fmt: skip

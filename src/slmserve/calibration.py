@@ -112,35 +112,40 @@ def spread(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 _LOO_SCHEMA = {"r_loo_lo": pl.Float64, "r_loo_hi": pl.Float64, "loo_fits": pl.Int64, "loo_resolved": pl.Int64,
-               "loo_weakest": pl.String}  # fmt: skip
+               "loo_weakest": pl.String, "loo_weakest_r": pl.Float64, "loo_weakest_ci_lo": pl.Float64,
+               "loo_weakest_ci_hi": pl.Float64}  # fmt: skip
 
 
-def _excludes_zero(c: dict[str, Any]) -> bool:
-    return c["ci_hi"] < 0 or c["ci_lo"] > 0
-
-
-def _without_each(group: pl.DataFrame, r: float, fit: Callable[[pl.DataFrame], dict[str, Any]]) -> dict[str, Any]:
-    """The correlation ``fit`` (a :mod:`slmserve.stats` result) of ``group`` again with each machine left out
-    in turn: the lowest and highest of their ``r`` (``r_loo_lo``, ``r_loo_hi``), how many give one
-    (``loo_fits``), how many of those have a 95% CI that excludes 0 (``loo_resolved``), and the machine whose
-    leaving out moves ``r`` (the whole group's) furthest towards 0 or past it (``loo_weakest``)."""
-    fits = {m: fit(group.filter(pl.col("machine") != m)) for m in group["machine"].unique(maintain_order=True)}
-    fits = {m: c for m, c in fits.items() if c["r"] is not None}
+def _without_each(group: pl.DataFrame, full: dict[str, Any], fit: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """The correlation ``fit`` (a :mod:`slmserve.stats` result, ``full`` that of the whole ``group``) again
+    with each machine that takes part in ``full`` left out in turn (a machine whose leaving out changes no
+    pair, as one with a single repeat within machines, gives no fit of its own): the lowest and highest of
+    their ``r`` (``r_loo_lo``, ``r_loo_hi``), how many give one (``loo_fits``), how many of those have a 95% CI
+    that excludes 0 on the side of ``full``'s r (``loo_resolved``), and the machine whose leaving out moves
+    ``r`` furthest towards 0 or past it (``loo_weakest``) with that fit's r and CI."""
+    fits = {}
+    for m in group["machine"].unique(maintain_order=True):
+        c = fit(group.filter(pl.col("machine") != m), permute=False)  # the p of each is not reported
+        if c["r"] is not None and c["n"] < full["n"]:
+            fits[m] = c
     if not fits:
-        return {"r_loo_lo": None, "r_loo_hi": None, "loo_fits": 0, "loo_resolved": 0, "loo_weakest": None}
+        return {**dict.fromkeys(_LOO_SCHEMA), "loo_fits": 0, "loo_resolved": 0}
+    sign = 1 if full["r"] >= 0 else -1
+    weakest = min(fits, key=lambda m: sign * fits[m]["r"])
     rs = [c["r"] for c in fits.values()]
     return {"r_loo_lo": min(rs), "r_loo_hi": max(rs), "loo_fits": len(fits),
-            "loo_resolved": sum(map(_excludes_zero, fits.values())),
-            "loo_weakest": min(fits, key=lambda m: fits[m]["r"] * (1 if r >= 0 else -1))}  # fmt: skip
+            "loo_resolved": sum((c["ci_lo"] > 0) if sign > 0 else (c["ci_hi"] < 0) for c in fits.values()),
+            "loo_weakest": weakest, "loo_weakest_r": fits[weakest]["r"], "loo_weakest_ci_lo": fits[weakest]["ci_lo"],
+            "loo_weakest_ci_hi": fits[weakest]["ci_hi"]}  # fmt: skip
 
 
-def _host_fit(g: pl.DataFrame) -> dict[str, Any]:
-    return stats.correlation(g["host_speed_ms"].to_list(), g["throughput_rps"].to_list())
+def _host_fit(g: pl.DataFrame, permute: bool = True) -> dict[str, Any]:
+    return stats.correlation(g["host_speed_ms"].to_list(), g["throughput_rps"].to_list(), permute=permute)
 
 
-def _repeat_fit(g: pl.DataFrame) -> dict[str, Any]:
+def _repeat_fit(g: pl.DataFrame, permute: bool = True) -> dict[str, Any]:
     return stats.within_correlation(g["host_speed_repeat_ms"].to_list(), g["throughput_rps"].to_list(),
-                                    g["machine"].to_list())  # fmt: skip
+                                    g["machine"].to_list(), n_resamples=9999 if permute else 0)  # fmt: skip
 
 
 def host_link(frame: pl.DataFrame) -> pl.DataFrame:
@@ -162,7 +167,7 @@ def host_link(frame: pl.DataFrame) -> pl.DataFrame:
             rows.append({"model": model, "gpu_model": gpu, "machines": c["n"], "r": c["r"], "r_ci_lo": c["ci_lo"],
                          "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"], "lowest": group["host_speed_ms"].min(),
                          "highest": group["host_speed_ms"].max(),
-                         **_without_each(group, c["r"], _host_fit)})  # fmt: skip
+                         **_without_each(group, c, _host_fit)})  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
 
 
@@ -189,20 +194,23 @@ def repeat_link(reps: pl.DataFrame) -> pl.DataFrame:
         if c["r"] is not None:
             rows.append({"model": model, "gpu_model": gpu, "machines": c["groups"], "repeats": c["n"], "r": c["r"],
                          "r_ci_lo": c["ci_lo"], "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"],
-                         **_without_each(g, c["r"], _repeat_fit)})  # fmt: skip
+                         **_without_each(g, c, _repeat_fit)})  # fmt: skip
     return pl.DataFrame(rows, schema=schema)
 
 
 def _resolved(r: dict[str, Any]) -> str:
-    return "resolved" if _excludes_zero({"ci_lo": r["r_ci_lo"], "ci_hi": r["r_ci_hi"]}) else "not resolved"
+    return "resolved" if r["r_ci_hi"] < 0 or r["r_ci_lo"] > 0 else "not resolved"
 
 
 def _loo(r: dict[str, Any]) -> str:
-    """``; one machine left out at a time: r -0.82 to -0.51, resolved in 4 of 6 (weakest without m3)``."""
+    """``; one machine left out at a time: r -0.82 to -0.51, resolved with the same sign in 5 of 6; weakest
+    without m3: r -0.51 [-0.85, 0.13]`` (``crossing 0`` after the range where some fits change sign)."""
     if not r["loo_fits"]:
         return "; no r with one machine left out"
-    return (f"; one machine left out at a time: r {r['r_loo_lo']:.2f} to {r['r_loo_hi']:.2f}, resolved in "
-            f"{r['loo_resolved']} of {r['loo_fits']} (weakest without {r['loo_weakest']})")  # fmt: skip
+    cross = ", crossing 0" if r["r_loo_lo"] < 0 < r["r_loo_hi"] else ""
+    return (f"; one machine left out at a time: r {r['r_loo_lo']:.2f} to {r['r_loo_hi']:.2f}{cross}, resolved with "
+            f"the same sign in {r['loo_resolved']} of {r['loo_fits']}; weakest without {r['loo_weakest']}: r "
+            f"{r['loo_weakest_r']:.2f} [{r['loo_weakest_ci_lo']:.2f}, {r['loo_weakest_ci_hi']:.2f}]")  # fmt: skip
 
 
 def _ratio(r: dict[str, Any]) -> str:

@@ -65,12 +65,12 @@ def ratio_ci_of(da: Mapping[str, Any], db: Mapping[str, Any]) -> dict[str, Any]:
     return {"ratio": ratio, "ci_lo": ratio - half, "ci_hi": ratio + half}
 
 
-def correlation(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
+def correlation(xs: Sequence[float], ys: Sequence[float], permute: bool = True) -> dict[str, Any]:
     """Pearson's ``r`` of paired values and its 95% CI by Fisher's z transform (scipy's ``pearsonr``):
     ``tanh(atanh(r) ± z(0.975) / sqrt(n - 3))``, and ``p_perm``, the two-sided p-value of r against all
-    pairings of the values (exact up to 8 pairs, scipy's permutation test), which needs no normality: with
-    few pairs the interval is approximate. ``n`` pairs; fewer than 4, or values that do not vary, give no r
-    (None)."""
+    pairings of the values (exact up to 8 pairs, scipy's permutation test; None unless ``permute``), which
+    needs no normality: with few pairs the interval is approximate. ``n`` pairs; fewer than 4, or values that
+    do not vary, give no r (None)."""
     n = len(xs)
     if n != len(ys):
         raise ValueError(f"{n} values against {len(ys)}: a correlation needs pairs")
@@ -78,10 +78,11 @@ def correlation(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
     if n < 4 or len(set(xs)) < 2 or len(set(ys)) < 2:
         return none
     # one call: the permutation method sets the p-value; the interval stays Fisher's z
-    res = _st.pearsonr(xs, ys, method=_st.PermutationMethod(n_resamples=40320, random_state=0))
+    method = _st.PermutationMethod(n_resamples=40320, random_state=0) if permute else None
+    res = _st.pearsonr(xs, ys, method=method)
     ci = res.confidence_interval(LEVEL)
     return {"n": n, "r": float(res.statistic), "ci_lo": float(ci.low), "ci_hi": float(ci.high),
-            "p_perm": float(res.pvalue)}  # fmt: skip
+            "p_perm": float(res.pvalue) if permute else None}  # fmt: skip
 
 
 def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequence[Any],
@@ -91,9 +92,9 @@ def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequenc
     over ``N - k - 2`` degrees of freedom, ``tanh(atanh(r) ± z(0.975) / sqrt(N - k - 2))`` (``N`` pairs in
     ``k`` groups: a partial correlation given ``k - 1`` group indicators), and ``p_perm``, the two-sided
     p-value of ``|r|`` against ``n_resamples`` random pairings shuffled within each group (seeded), counting
-    the observed one. Groups of one pair tell nothing within and are left out; ``n`` and ``groups`` count
-    what remains. Fewer than ``k + 4`` pairs, or x or y constant within every group, give no r (None); an
-    ``r`` of exactly ±1 has a CI of that one value."""
+    the observed one (None with ``n_resamples`` 0). Groups of one pair tell nothing within and are left out;
+    ``n`` and ``groups`` count what remains. Fewer than ``k + 4`` pairs, or x or y constant within every
+    group, give no r (None); an ``r`` of exactly ±1 has a CI of that one value."""
     if not len(xs) == len(ys) == len(groups):
         raise ValueError(f"{len(xs)} x, {len(ys)} y and {len(groups)} group values: a correlation needs triples")
     members: dict[Any, list[int]] = {}
@@ -111,6 +112,8 @@ def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequenc
     r = float(_st.pearsonr(x, y).statistic)
     half = _st.norm.ppf(0.5 + LEVEL / 2) / math.sqrt(n - k - 2)
     z = math.atanh(max(min(r, 1 - 1e-15), -1 + 1e-15))
+    if n_resamples == 0:
+        return {"n": n, "groups": k, "r": r, "ci_lo": math.tanh(z - half), "ci_hi": math.tanh(z + half), "p_perm": None}
     rng = np.random.default_rng(0)
     bounds = np.cumsum([0, *map(len, kept)])
     shuffled = np.empty((n_resamples, n))
