@@ -71,8 +71,8 @@ def load(paths: Iterable[str | os.PathLike[str]]) -> tuple[pl.DataFrame, pl.Data
     for path in paths:
         keys, prov, reps = _read(path)
         rows.append(_row(path, keys, prov, reps))
-        rep_rows += [{"machine": keys["machine"], "model": keys["model"], "gpu_model": analysis.gpu_model(prov),
-                      "repeat": r.get("repeat"), "throughput_rps": r.get("throughput_rps"),
+        point = {k: rows[-1][k] for k in ("machine", "model", "gpu_model")}
+        rep_rows += [{**point, "repeat": r.get("repeat"), "throughput_rps": r.get("throughput_rps"),
                       "host_speed_repeat_ms": r.get("host_speed_repeat_ms")} for r in reps]  # fmt: skip
     rep_schema = {"machine": pl.String, "model": pl.String, "gpu_model": pl.String, "repeat": pl.Int64,
                   "throughput_rps": pl.Float64, "host_speed_repeat_ms": pl.Float64}  # fmt: skip
@@ -148,6 +148,20 @@ def _repeat_fit(g: pl.DataFrame, permute: bool = True) -> dict[str, Any]:
                                     g["machine"].to_list(), n_resamples=9999 if permute else 0)  # fmt: skip
 
 
+def _links(ok: pl.DataFrame, fit: Callable[..., dict[str, Any]],
+           extra: Callable[[pl.DataFrame, dict[str, Any]], dict[str, Any]],
+           schema: dict[str, Any]) -> pl.DataFrame:  # fmt: skip
+    """Per model and GPU model of ``ok``, where ``fit`` gives an ``r``: it with its CI and ``p_perm``, the
+    columns ``extra`` takes from the group and the fit, and :func:`_without_each`."""
+    rows = []
+    for (model, gpu), g in ok.group_by("model", "gpu_model", maintain_order=True):
+        c = fit(g)
+        if c["r"] is not None:
+            rows.append({"model": model, "gpu_model": gpu, **extra(g, c), "r": c["r"], "r_ci_lo": c["ci_lo"],
+                         "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"], **_without_each(g, c, fit)})  # fmt: skip
+    return pl.DataFrame(rows, schema=schema)
+
+
 def host_link(frame: pl.DataFrame) -> pl.DataFrame:
     """Per model and GPU model with 4 or more machines that recorded a host speed: whether faster hosts
     measure more, as Pearson's ``r`` between ``host_speed_ms`` and the machines' mean throughput with its
@@ -159,16 +173,9 @@ def host_link(frame: pl.DataFrame) -> pl.DataFrame:
               **_LOO_SCHEMA}  # fmt: skip
     if "host_speed_ms" not in frame.columns:
         return pl.DataFrame(schema=schema)
-    rows = []
     ok = frame.filter(pl.col("throughput_rps").is_not_null() & pl.col("host_speed_ms").is_not_null())
-    for (model, gpu), group in ok.group_by("model", "gpu_model", maintain_order=True):
-        c = _host_fit(group)
-        if c["r"] is not None:
-            rows.append({"model": model, "gpu_model": gpu, "machines": c["n"], "r": c["r"], "r_ci_lo": c["ci_lo"],
-                         "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"], "lowest": group["host_speed_ms"].min(),
-                         "highest": group["host_speed_ms"].max(),
-                         **_without_each(group, c, _host_fit)})  # fmt: skip
-    return pl.DataFrame(rows, schema=schema)
+    return _links(ok, _host_fit, lambda g, c: {"machines": c["n"], "lowest": g["host_speed_ms"].min(),
+                                               "highest": g["host_speed_ms"].max()}, schema)  # fmt: skip
 
 
 def repeats(paths: Iterable[str | os.PathLike[str]]) -> pl.DataFrame:
@@ -188,14 +195,7 @@ def repeat_link(reps: pl.DataFrame) -> pl.DataFrame:
     schema = {"model": pl.String, "gpu_model": pl.String, "machines": pl.Int64, "repeats": pl.Int64,
               **dict.fromkeys(floats, pl.Float64), **_LOO_SCHEMA}  # fmt: skip
     ok = reps.filter(pl.col("throughput_rps").is_not_null() & pl.col("host_speed_repeat_ms").is_not_null())
-    rows = []
-    for (model, gpu), g in ok.group_by("model", "gpu_model", maintain_order=True):
-        c = _repeat_fit(g)
-        if c["r"] is not None:
-            rows.append({"model": model, "gpu_model": gpu, "machines": c["groups"], "repeats": c["n"], "r": c["r"],
-                         "r_ci_lo": c["ci_lo"], "r_ci_hi": c["ci_hi"], "p_perm": c["p_perm"],
-                         **_without_each(g, c, _repeat_fit)})  # fmt: skip
-    return pl.DataFrame(rows, schema=schema)
+    return _links(ok, _repeat_fit, lambda g, c: {"machines": c["groups"], "repeats": c["n"]}, schema)
 
 
 def _resolved(r: dict[str, Any]) -> str:

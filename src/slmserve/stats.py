@@ -112,8 +112,9 @@ def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequenc
     r = float(_st.pearsonr(x, y).statistic)
     half = _st.norm.ppf(0.5 + LEVEL / 2) / math.sqrt(n - k - 2)
     z = math.atanh(max(min(r, 1 - 1e-15), -1 + 1e-15))
+    fit = {"n": n, "groups": k, "r": r, "ci_lo": math.tanh(z - half), "ci_hi": math.tanh(z + half), "p_perm": None}
     if n_resamples == 0:
-        return {"n": n, "groups": k, "r": r, "ci_lo": math.tanh(z - half), "ci_hi": math.tanh(z + half), "p_perm": None}
+        return fit
     rng = np.random.default_rng(0)
     bounds = np.cumsum([0, *map(len, kept)])
     shuffled = np.empty((n_resamples, n))
@@ -121,7 +122,7 @@ def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequenc
         shuffled[:, lo:hi] = rng.permuted(np.broadcast_to(y[lo:hi], (n_resamples, hi - lo)), axis=1)
     rs = (shuffled @ x) / (np.linalg.norm(shuffled, axis=1) * np.linalg.norm(x))
     p = (1 + int(np.sum(np.abs(rs) >= abs(r) - 1e-12))) / (1 + n_resamples)
-    return {"n": n, "groups": k, "r": r, "ci_lo": math.tanh(z - half), "ci_hi": math.tanh(z + half), "p_perm": p}
+    return {**fit, "p_perm": p}
 
 
 def summary_sample(row: Mapping[str, Any], metric: str = "throughput_rps") -> dict[str, Any]:
