@@ -111,6 +111,11 @@ def spread(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
+def _resolved_sign(ci_lo: float, ci_hi: float) -> int:
+    """The sign a 95% CI of ``r`` resolves: 1 if it lies above 0, -1 if below, 0 if it contains 0."""
+    return 1 if ci_lo > 0 else -1 if ci_hi < 0 else 0
+
+
 _LOO_SCHEMA = {"r_loo_lo": pl.Float64, "r_loo_hi": pl.Float64, "loo_fits": pl.Int64, "loo_resolved": pl.Int64,
                "loo_weakest": pl.String, "loo_weakest_r": pl.Float64, "loo_weakest_ci_lo": pl.Float64,
                "loo_weakest_ci_hi": pl.Float64}  # fmt: skip
@@ -134,7 +139,7 @@ def _without_each(group: pl.DataFrame, full: dict[str, Any], fit: Callable[..., 
     weakest = min(fits, key=lambda m: sign * fits[m]["r"])
     rs = [c["r"] for c in fits.values()]
     return {"r_loo_lo": min(rs), "r_loo_hi": max(rs), "loo_fits": len(fits),
-            "loo_resolved": sum((c["ci_lo"] > 0) if sign > 0 else (c["ci_hi"] < 0) for c in fits.values()),
+            "loo_resolved": sum(_resolved_sign(c["ci_lo"], c["ci_hi"]) == sign for c in fits.values()),
             "loo_weakest": weakest, "loo_weakest_r": fits[weakest]["r"], "loo_weakest_ci_lo": fits[weakest]["ci_lo"],
             "loo_weakest_ci_hi": fits[weakest]["ci_hi"]}  # fmt: skip
 
@@ -199,7 +204,7 @@ def repeat_link(reps: pl.DataFrame) -> pl.DataFrame:
 
 
 def _resolved(r: dict[str, Any]) -> str:
-    return "resolved" if r["r_ci_hi"] < 0 or r["r_ci_lo"] > 0 else "not resolved"
+    return "resolved" if _resolved_sign(r["r_ci_lo"], r["r_ci_hi"]) else "not resolved"
 
 
 def _loo(r: dict[str, Any]) -> str:
