@@ -461,6 +461,18 @@ def _values(rows: Sequence[Mapping[str, Any]], client: str, key: str) -> list[fl
     return [float(r[key]) for r in rows if r["client"] == client and r.get(key) is not None]
 
 
+def _paired(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key: str) -> dict[str, Any]:
+    """The ratio ``subject / reference`` of ``key`` within each repeat (the two clients back to back on the
+    same server), over the repeats where both measured: :func:`slmserve.stats.describe` of those ratios
+    (their mean and its 95% t-interval). Pairing removes what the two runs of a repeat share (the server's
+    and the host's state at the time) from the interval."""
+    by: dict[Any, dict[str, float]] = {}
+    for r in rows:
+        if r.get(key) is not None and r["client"] in (subject, reference):
+            by.setdefault(int(r["repeat"]), {})[str(r["client"])] = float(r[key])
+    return stats.describe([v[subject] / v[reference] for _, v in sorted(by.items()) if len(v) == 2 and v[reference]])
+
+
 def _within(ratio: float | None, tolerance: float) -> bool:
     """``|ratio - 1| <= tolerance``, the boundary included despite rounding (0.98 is within 2%)."""
     return ratio is not None and abs(ratio - 1.0) <= tolerance + 1e-12
@@ -481,7 +493,9 @@ def summarize(
     (:func:`slmserve.stats.equivalent`, the issue's "ratio within 0.98-1.02" at 95% confidence;
     ``all_equivalent``); ``within_tolerance`` = ``|ratio - 1| <= tolerance`` on the means alone
     (``ratios`` and ``within`` hold the same against every other client; ``window_ratios`` compare the
-    throughputs on the project's window definition, ``window_rps``). A run with throughput ``None``
+    throughputs on the project's window definition, ``window_rps``). ``paired`` judges the same key repeat by
+    repeat (:func:`_paired`): ``paired_ratio``, ``paired_n``, ``paired_ci_lo``/``paired_ci_hi``,
+    ``paired_verdict`` and ``paired_equivalent`` (``all_paired_equivalent``). A run with throughput ``None``
     (nothing completed) is left out of the means; ``all_ok`` says whether every request of every run of
     the client completed."""
     batches: list[dict[str, Any]] = []
@@ -509,6 +523,7 @@ def summarize(
         ratio = window_ratios.get(reference)
         ratio = ratios.get(reference) if ratio is None else ratio
         ci = stats.ratio_ci(*(_values(at, name, key) for name in (subject, reference)))
+        paired = _paired(at, subject, reference, key)
         batches.append(
             {
                 "batch": batch,
@@ -521,6 +536,12 @@ def summarize(
                 "verdict": stats.verdict(ci["ci_lo"], ci["ci_hi"], tolerance),
                 "equivalent": stats.equivalent(ci["ci_lo"], ci["ci_hi"], tolerance),
                 "within_tolerance": _within(ratio, tolerance),
+                "paired_ratio": paired["mean"],
+                "paired_n": paired["n"],
+                "paired_ci_lo": paired["ci_lo"],
+                "paired_ci_hi": paired["ci_hi"],
+                "paired_verdict": stats.verdict(paired["ci_lo"], paired["ci_hi"], tolerance),
+                "paired_equivalent": stats.equivalent(paired["ci_lo"], paired["ci_hi"], tolerance),
                 "ratios": ratios,
                 "within": within,
                 "window_ratios": window_ratios,
@@ -534,6 +555,7 @@ def summarize(
         "all_within_tolerance": bool(batches) and all(b["within_tolerance"] for b in batches),
         "all_agree": bool(batches) and all(b["verdict"] == "agree" for b in batches),
         "all_equivalent": bool(batches) and all(b["equivalent"] for b in batches),
+        "all_paired_equivalent": bool(batches) and all(b["paired_equivalent"] for b in batches),
     }
 
 

@@ -153,6 +153,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         inside = {True: "yes", False: "no", None: "no interval"}[b["equivalent"]]
         print(f"    judged /{b['reference']} {_fmt(b['ratio'], '.4f')}, 95% CI {ci}: {b['verdict']}; CI within"
               f" {summary['tolerance']:.0%}: {inside}", flush=True)  # fmt: skip
+        paired = f"[{_fmt(b['paired_ci_lo'], '.4f')}, {_fmt(b['paired_ci_hi'], '.4f')}]"
+        inside = {True: "yes", False: "no", None: "no interval"}[b["paired_equivalent"]]
+        print(f"    paired by repeat (n={b['paired_n']}) {_fmt(b['paired_ratio'], '.4f')}, 95% CI {paired}:"
+              f" {b['paired_verdict']}; CI within {summary['tolerance']:.0%}: {inside}", flush=True)  # fmt: skip
 
 
 def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[int]]) -> int:
