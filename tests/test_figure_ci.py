@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 
 from slmserve import figures
+from slmserve.figures import captions
 from slmserve.layout import FIGURES
 from tests.test_figures import BATCHES, GPU, dataset, frame, run
 
@@ -203,7 +204,7 @@ def test_an_energy_interval_below_zero_leaves_the_log_axis_intact() -> None:
 def test_preemption_means_are_rounded_to_one_decimal() -> None:
     runs = pl.DataFrame({"model": ["a", "b", "c"], "preemptions": [209 / 3, 118.0, 0.0],
                          "preemptions_measured_only": [True] * 3})  # fmt: skip
-    note = figures._preemption_note(runs, name=lambda r: r["model"])
+    note = captions._preemption_note(runs, name=lambda r: r["model"])
     assert note == "Preemptions (vLLM's counter, mean over repeats) at 2 of 3 plotted points: a: 69.7; b: 118."
 
 
@@ -212,13 +213,13 @@ def test_counts_that_include_the_warmup_are_named_upper_bounds() -> None:
     summary) give at most the measured requests' count; a 0 stays exact and needs no warning."""
     runs = pl.DataFrame({"model": ["a", "b", "c"], "preemptions": [7.0, 118.0, 0.0],
                          "preemptions_measured_only": [True, False, False]})  # fmt: skip
-    note = figures._preemption_note(runs, name=lambda r: r["model"])
+    note = captions._preemption_note(runs, name=lambda r: r["model"])
     assert note == (
         "Preemptions (vLLM's counter, mean over repeats) at 2 of 3 plotted points: a: 7; b: 118. Counted with the "
         "warm-up's requests at 1 of them (results written before 2026-11-29 read vLLM's counter before the "
         "warm-up): at most, not exactly, the measured requests' count."
     )
-    note = figures._preemption_note(runs.drop("preemptions_measured_only"), name=lambda r: r["model"])
+    note = captions._preemption_note(runs.drop("preemptions_measured_only"), name=lambda r: r["model"])
     assert "Counted with the warm-up's requests at 2 of them" in note
 
 

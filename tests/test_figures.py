@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from slmserve import figures, stats
+from slmserve.figures import names
 from slmserve.layout import FIGURES
 
 GPU = "NVIDIA H100 80GB HBM3"
@@ -44,7 +45,7 @@ def run(model: str, batch: int, *, tp: int = 1, out: int = 256, rate: float = IN
     }  # fmt: skip
     if status != "ok":
         return row
-    size = figures._params_value(params) / 1e9
+    size = names._params_value(params) / 1e9
     row.update(
         n_ok=500, throughput_rps=batch / (1 + size) / tp ** 0.5, output_tok_s=batch * out / (1 + size),
         latency_mean_s=10 + batch / 10 + out / 100, latency_p50_s=10.0, latency_p99_s=20.0, ttft_mean_s=0.5,

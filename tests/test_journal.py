@@ -10,7 +10,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from slmserve import analysis, figures, io, journal, layout, measure, runner
+from slmserve import analysis, io, journal, layout, measure, runner
+from slmserve.figures import captions
 from slmserve.journal import Journal
 from slmserve.measure import Measurement
 
@@ -184,11 +185,11 @@ def test_summary_and_caption_count_the_machines_of_a_points_repeats() -> None:
     })  # fmt: skip
     p = analysis.points(rows).sort("path")
     assert p["n_machines"].to_list() == [2, 1, None] and "machine" not in p.columns
-    note = figures._repeats_note(p)
+    note = captions._repeats_note(p)
     assert "ran on up to 2 machines" in note and "Repeats of 1 point " in note
-    assert "ran on" not in figures._repeats_note(p.filter(pl.col("path") != "a"))
+    assert "ran on" not in captions._repeats_note(p.filter(pl.col("path") != "a"))
     assert p["machines"].to_list() == ["x, y", "x", None]
-    both = figures._repeats_note(p.filter(pl.col("path") != "b"))  # two machines, one point: said once
+    both = captions._repeats_note(p.filter(pl.col("path") != "b"))  # two machines, one point: said once
     assert "ran on up to 2 machines" in both and "The points ran on" not in both
 
 
@@ -199,18 +200,18 @@ def test_a_caption_names_the_machines_of_points_measured_on_several() -> None:
         "batch_size": [1, 1, 8, 8, 64], "machine": ["x", "x", "y", "y", None], "throughput_rps": [1.0] * 5,
     })  # fmt: skip
     p = analysis.points(rows).sort("path")
-    note = figures._repeats_note(p)
+    note = captions._repeats_note(p)
     assert "ran on up to" not in note  # no point's repeats were split
-    names = [figures.point_name(r) for r in p.iter_rows(named=True)]
+    names = [captions.point_name(r) for r in p.iter_rows(named=True)]
     assert "The points ran on 2 machines" in note
     assert f"x: {names[0]}; y: {names[1]}; not recorded: {names[2]}." in note
     mixed = analysis.points(rows.with_columns(machine=pl.Series(["x", "y", "y", "y", None]))).sort("path")
-    assert "x + y: " in figures._repeats_note(mixed)  # a point of two machines beside one of one
-    one = figures._repeats_note(p.filter(pl.col("path") != "b"))  # one machine, one point without
+    assert "x + y: " in captions._repeats_note(mixed)  # a point of two machines beside one of one
+    one = captions._repeats_note(p.filter(pl.col("path") != "b"))  # one machine, one point without
     assert "points ran on" not in one and f"Machine not recorded at 1 point: {names[2]}." in one
-    assert "ran on" not in figures._repeats_note(p.filter(pl.col("path") == "a"))  # one machine: nothing to say
+    assert "ran on" not in captions._repeats_note(p.filter(pl.col("path") == "a"))  # one machine: nothing to say
     none = p.with_columns(machines=pl.lit(None, pl.String))
-    assert "The points' machines are not recorded" in figures._repeats_note(none)
+    assert "The points' machines are not recorded" in captions._repeats_note(none)
 
 
 def test_a_summary_names_every_code_version_that_measured_the_point() -> None:

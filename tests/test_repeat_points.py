@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from slmserve import analysis, figures, io, measure, replication, stats
+from slmserve.figures import captions
 from tests.test_analysis_figures import write_run
 from tests.test_figures import dataset, frame, run
 
@@ -266,7 +267,7 @@ def test_a_result_without_a_key_names_the_file_the_key_and_what_to_do(tmp_path: 
 
 def test_a_metric_without_a_ci_is_named_with_the_reason() -> None:
     runs = frame([run("opt125m", 1)]).with_columns(n_repeats=pl.lit(3))
-    note = figures._ci_note(runs, ["throughput_rps", "tensor_active_mean"])
+    note = captions._ci_note(runs, ["throughput_rps", "tensor_active_mean"])
     assert note == "No CI: tensor_active_mean: means over repeats, not among the metrics with a CI " \
                    "(analysis.CI_METRICS); throughput: means over repeats without a CI in this summary (summarized " \
                    "before analysis.CI_METRICS held it; re-summarize)."  # fmt: skip

@@ -126,7 +126,7 @@ def test_a_point_resumed_on_another_server_reports_the_kv_cache_every_repeat_had
 
 def test_a_metric_missing_in_one_repeat_counts_its_own_values_and_the_caption_says_so() -> None:
     """Power missing in one of three repeats: its CI is over 2 values, and the summary and caption say n = 2."""
-    from slmserve import figures
+    from slmserve.figures import captions
 
     rows = pl.DataFrame({
         "path": ["a"] * 3 + ["b"] * 3, "repeat": [0, 1, 2] * 2, "model": ["opt1.3b"] * 6,
@@ -139,14 +139,14 @@ def test_a_metric_missing_in_one_repeat_counts_its_own_values_and_the_caption_sa
     assert a["n_repeats"] == 3 and a["throughput_rps_n"] == 3 and a["power_w_mean_n"] == 2
     lo, hi = st.t.interval(0.95, 1, loc=305.0, scale=st.sem([300.0, 310.0]))
     assert (a["power_w_mean_ci_lo"], a["power_w_mean_ci_hi"]) == (pytest.approx(lo), pytest.approx(hi))
-    note = figures._ci_note(analysis.points(rows), ["power_w_mean"])
+    note = captions._ci_note(analysis.points(rows), ["power_w_mean"])
     assert "Fewer values than repeats" in note and "(n = 2 of 3)" in note and "b=16" not in note
-    assert "Fewer values" not in figures._ci_note(analysis.points(rows), ["throughput_rps"])
-    named = figures._ci_note(analysis.points(rows), ["power_w_mean"], lambda r: f"point {r['path']}")
+    assert "Fewer values" not in captions._ci_note(analysis.points(rows), ["throughput_rps"])
+    named = captions._ci_note(analysis.points(rows), ["power_w_mean"], lambda r: f"point {r['path']}")
     assert "power at point a (n = 2 of 3)" in named.lower()  # the figure's own names for its points
     none = rows.with_columns(power_w_mean=pl.lit(None, pl.Float64))  # no repeat has it: not drawn, not "fewer"
-    assert "Fewer values" not in figures._ci_note(analysis.points(none), ["power_w_mean"])
-    both = figures._ci_note(analysis.points(none), ["throughput_rps", "power_w_mean"])
+    assert "Fewer values" not in captions._ci_note(analysis.points(none), ["power_w_mean"])
+    both = captions._ci_note(analysis.points(none), ["throughput_rps", "power_w_mean"])
     assert "drawn as error bars on throughput at the 2 points" in both  # not "on throughput, power"
     assert "power: no CI at any point (fewer than 2 values)" in both
 
