@@ -5,9 +5,9 @@ and SVG (vl-convert), a self-contained HTML and the caption as Markdown. Which f
 the summary each reads, is :data:`slmserve.layout.FIGURES`: each is looked up by name on this package, which
 re-exports them. :func:`caption` is shared by all figures.
 
-Three chart shapes are shared by the paper's figures: a throughput/latency trade-off (:func:`_tradeoff`,
-Figures 1, 2 and 5), lines against a log2 batch-size axis (:func:`_batch_lines`, Figures 3 and 8), and
-bars per model, grouped by replicas where given (:func:`_bars`, Figures 4, 6 and 7). Plotted data are
+Three chart shapes are shared by the paper's figures: a throughput/latency trade-off (:func:`.shapes.tradeoff_chart`,
+Figures 1, 2 and 5), lines against a log2 batch-size axis (:func:`.shapes.batch_lines`, Figures 3 and 8), and
+bars per model, grouped by replicas where given (:func:`.shapes.bar_chart`, Figures 4, 6 and 7). Plotted data are
 selected column by column, with nulls and non-finite values dropped, so a spec never carries inf/NaN
 (CPU runs have no GPU telemetry: those figures render empty and say so in the caption).
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 import altair as alt
 import polars as pl
 
-from slmserve.figures.captions import _energy_note, caption, point_notes
-from slmserve.figures.names import _finite, _one_gpu, main_workload, named, ok_runs
-from slmserve.figures.shapes import Panel, _batch_lines, _batch_long, log_ci_notes
+from slmserve.figures.captions import caption, energy_note, point_notes
+from slmserve.figures.names import finite, main_workload, named, ok_runs, one_gpu
+from slmserve.figures.shapes import Panel, batch_lines, batch_long, log_ci_notes
 
 # --- Figures 3, 8 and extras: metrics against batch size -------------------------------------------
 
@@ -20,20 +20,20 @@ def _batch_figure(
     summary: pl.DataFrame, panels: Sequence[Panel], *, title: str, what: str, notes: list[str], y_log: bool = False
 ) -> tuple[alt.TopLevelMixin, str]:
     """A figure of metrics against batch size on one GPU (tp == 1), all-at-once workload."""
-    frame = _one_gpu(summary)
+    frame = one_gpu(summary)
     runs, left_out = main_workload(ok_runs(frame))
     runs, order = named(runs)
-    data = _batch_long(runs, panels)
-    chart = _batch_lines(data, panels, title=title, order=order, y_log=y_log)
+    data = batch_long(runs, panels)
+    chart = batch_lines(data, panels, title=title, order=order, y_log=y_log)
     metrics = [c for _, _, cols in panels for c in cols.values()]
     telemetry = [c for c in metrics if c not in ("throughput_rps", "latency_mean_s")]
-    plotted = _finite(runs, ["batch_size"]).filter(pl.any_horizontal(pl.col(c).is_not_null() for c in metrics)) \
+    plotted = finite(runs, ["batch_size"]).filter(pl.any_horizontal(pl.col(c).is_not_null() for c in metrics)) \
         if set(metrics) <= set(runs.columns) else runs.head(0)  # fmt: skip
     notes = [*notes, *point_notes(plotted, metrics)]
     if y_log:  # an interval reaching 0 is not drawn on the log axis: say where
         notes += [n for m in metrics for n in log_ci_notes(plotted, m)]
     if "energy_per_token_j" in metrics:
-        notes += _energy_note(plotted)
+        notes += energy_note(plotted)
     return chart, caption(frame, what, left_out + notes, telemetry=telemetry)
 
 

@@ -1,6 +1,6 @@
 """Figures: the caption shared by all figures (:func:`caption`: hardware, engine, requests, workload, runs,
 models not served, GPU telemetry, what differs from the paper) and the notes on the plotted points
-(:func:`point_notes`: repeats, 95% CIs, preemptions; :func:`_energy_note`: energy windows).
+(:func:`point_notes`: repeats, 95% CIs, preemptions; :func:`energy_note`: energy windows).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from slmserve.analysis import CI_METRICS, ENERGY_MIN_WINDOW_S, NOT_MEASURED
-from slmserve.figures.names import _mps, _rate_label, model_names, ok_runs, plan_size
+from slmserve.figures.names import model_names, mps_label, ok_runs, plan_size, rate_name
 
 PAPER = "the paper (vLLM 0.1.7, A100 40 GB, real OPT weights)"
 NOT_MEASURED_NOTE = "not measured yet (no result file)"
@@ -236,7 +236,7 @@ def _workload_line(summary: pl.DataFrame) -> list[str]:
         workload.append(f"prompt/output tokens: {values(summary, 'input_len')}/{values(summary, 'output_len')}")
     if "arrival_rate" in cols:
         rates = summary["arrival_rate"].cast(pl.Float64).drop_nulls().unique().sort(descending=True).to_list()
-        workload.append(f"arrival rates (req/s): {', '.join(_rate_label(r) for r in rates)}")
+        workload.append(f"arrival rates (req/s): {', '.join(rate_name(r) for r in rates)}")
     if "batch_size" in cols:
         workload.append(f"batch sizes: {', '.join(map(str, values(summary, 'batch_size')))}")
     if "replicas" in cols:
@@ -317,9 +317,9 @@ def point_name(row: Mapping[str, Any]) -> str:
     if row.get("tp") not in (None, 1):
         parts.append(f"{row['tp']} GPUs")
     if row.get("plan") == "advisor":
-        parts.append(f"advisor plan {plan_size(row)}{_mps(row)}")
+        parts.append(f"advisor plan {plan_size(row)}{mps_label(row)}")
     elif row.get("replicas") is not None:
-        parts.append(f"×{row['replicas']}{_mps(row)}")
+        parts.append(f"×{row['replicas']}{mps_label(row)}")
     elif row.get("point") is not None:
         parts.append(str(row["point"]))
     elif row.get("batch_size") is not None:
@@ -327,7 +327,7 @@ def point_name(row: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _ci_cols(runs: pl.DataFrame, metrics: Sequence[str]) -> list[pl.Expr]:
+def ci_cols(runs: pl.DataFrame, metrics: Sequence[str]) -> list[pl.Expr]:
     """``<m>_ci_lo`` and ``<m>_ci_hi`` of each metric as Float64, null where absent or not finite."""
     out = []
     for m in metrics:
@@ -461,10 +461,10 @@ def _preemption_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str
     # a mean over repeats (e.g. 209/3): one decimal tells apart what a count can differ by
     each = "; ".join(f"{name(r)}: {round(r['preemptions'], 1):g}" for r in hit.iter_rows(named=True))
     return (f"Preemptions (vLLM's counter, mean over repeats) at {hit.height} of {runs.height} plotted points: "
-            f"{each}.{_warmup_counted(hit.iter_rows(named=True))}{said}")  # fmt: skip
+            f"{each}.{warmup_counted(hit.iter_rows(named=True))}{said}")  # fmt: skip
 
 
-def _warmup_counted(rows: Iterable[Mapping[str, Any]]) -> str:
+def warmup_counted(rows: Iterable[Mapping[str, Any]]) -> str:
     """A caption's warning on the positive preemption counts among ``rows`` that include the warm-up's
     requests (:func:`slmserve.analysis.measured_only`; a row without the flag counts as such)."""
     n = sum(1 for r in rows if (r.get("preemptions") or 0) > 0 and r.get("preemptions_measured_only") is not True)
@@ -481,10 +481,10 @@ def point_notes(
     return [_repeats_note(runs, name), _ci_note(runs, metrics, name), _preemption_note(runs, name)]
 
 
-def _energy_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> list[str]:
+def energy_note(runs: pl.DataFrame, name: Callable[[Mapping[str, Any]], str] = point_name) -> list[str]:
     """The energy windows of the plotted points (range of the mean window over repeats, and of samples) and
     the points the summary does not trust (``energy_window_ok`` false: a repeat's window shorter than
-    ENERGY_MIN_WINDOW_S) or does not say (null), as :func:`_window_ok` draws them."""
+    ENERGY_MIN_WINDOW_S) or does not say (null), as :func:`window_ok` draws them."""
     if "energy_window_s" not in runs.columns or runs["energy_window_s"].is_null().all():
         return ["Energy window: not recorded in this summary."]
     w = runs["energy_window_s"].drop_nulls()

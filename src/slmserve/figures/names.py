@@ -71,7 +71,7 @@ def ok_runs(summary: pl.DataFrame) -> pl.DataFrame:
     return summary.filter(pl.col("status") == "ok") if "status" in summary.columns else summary
 
 
-def _finite(df: pl.DataFrame, cols: Iterable[str]) -> pl.DataFrame:
+def finite(df: pl.DataFrame, cols: Iterable[str]) -> pl.DataFrame:
     """Rows where every column of ``cols`` is present, non-null and (for floats) finite. All-null columns
     (dtype Null, as in a frame of CPU runs) become Float64, so that altair can type them."""
     df = df.with_columns(pl.col(c).cast(pl.Float64) for c, t in df.schema.items() if t == pl.Null)
@@ -86,11 +86,11 @@ def _finite(df: pl.DataFrame, cols: Iterable[str]) -> pl.DataFrame:
     return df.filter(*conds) if conds else df
 
 
-def _one_gpu(summary: pl.DataFrame) -> pl.DataFrame:
+def one_gpu(summary: pl.DataFrame) -> pl.DataFrame:
     return summary.filter(pl.col("tp") == 1) if "tp" in summary.columns else summary
 
 
-def _at_once() -> pl.Expr:
+def sent_at_once() -> pl.Expr:
     """Rows whose requests were all sent at once: arrival rate inf (or not recorded)."""
     rate = pl.col("arrival_rate").cast(pl.Float64)
     return rate.is_null() | rate.is_infinite()
@@ -100,8 +100,8 @@ def main_workload(runs: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     """The batch-sweep workload: all requests at once (arrival rate inf) and, when several output lengths
     are present, the longest (the paper's 256). Returns the rows and a note on what was left out."""
     n = runs.height
-    if "arrival_rate" in runs.columns and n and runs.select(_at_once().any()).item():
-        runs = runs.filter(_at_once())
+    if "arrival_rate" in runs.columns and n and runs.select(sent_at_once().any()).item():
+        runs = runs.filter(sent_at_once())
     out = None
     if "output_len" in runs.columns and runs["output_len"].n_unique() > 1:
         out = runs["output_len"].max()
@@ -118,7 +118,7 @@ def _no_preemption() -> pl.Expr:
     return (pl.col("preemptions") == 0).fill_null(False)
 
 
-def _largest_batch(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
+def largest_batch(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
     """Per group of ``by``: the run with the largest batch among those known to run without preemptions
     (:func:`_no_preemption`); a group with none of those gets its largest batch."""
     clean = _no_preemption() if "preemptions" in runs.columns else pl.lit(False)
@@ -131,7 +131,7 @@ def _largest_batch(runs: pl.DataFrame, by: Sequence[str]) -> pl.DataFrame:
     )
 
 
-def _rate_label(rate: float | None) -> str:
+def rate_name(rate: float | None) -> str:
     return rate_label(math.inf if rate is None else rate)
 
 
@@ -144,6 +144,6 @@ def plan_size(row: Mapping[str, Any]) -> str:
     return f"{'?' if n is None else n}×{'?' if b is None else b}"
 
 
-def _mps(row: Mapping[str, Any]) -> str:
+def mps_label(row: Mapping[str, Any]) -> str:
     """`` MPS`` where a replication run's replicas ran under NVIDIA MPS."""
     return " MPS" if row.get("mps") else ""

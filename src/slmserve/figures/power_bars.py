@@ -11,9 +11,9 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from slmserve.figures.captions import _ci_cols, _warmup_counted, caption, point_notes, values
-from slmserve.figures.names import _finite, _largest_batch, _one_gpu, main_workload, model_names, named, ok_runs
-from slmserve.figures.shapes import _bars
+from slmserve.figures.captions import caption, ci_cols, point_notes, values, warmup_counted
+from slmserve.figures.names import finite, largest_batch, main_workload, model_names, named, ok_runs, one_gpu
+from slmserve.figures.shapes import bar_chart
 
 # --- Figure 4: power at the largest batch ---------------------------------------------------------
 
@@ -21,23 +21,23 @@ from slmserve.figures.shapes import _bars
 def power(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     """Figure 4: average power (W) per model at its largest measured feasible batch on one GPU (runs
     without preemptions preferred), each bar labelled with that batch size."""
-    frame = _one_gpu(summary)
+    frame = one_gpu(summary)
     runs, left_out = main_workload(ok_runs(frame))
-    candidates = _finite(runs, ["power_w_mean"])
-    runs = _largest_batch(candidates, ["model"]) if runs.height else runs
+    candidates = finite(runs, ["power_w_mean"])
+    runs = largest_batch(candidates, ["model"]) if runs.height else runs
     runs, order = named(runs)
-    data = _finite(runs, ["power_w_mean"]).select(
-        "model", "batch_size", "power_w_mean", *_ci_cols(runs, ["power_w_mean"]),
+    data = finite(runs, ["power_w_mean"]).select(
+        "model", "batch_size", "power_w_mean", *ci_cols(runs, ["power_w_mean"]),
         label=pl.lit("bs ") + pl.col("batch_size").cast(pl.String),
     )  # fmt: skip
-    chart = _bars(
+    chart = bar_chart(
         data, y="power_w_mean", y_title="Average power (W)", order=order, text="label",
         title="Average GPU power at the largest batch (Figure 4)",
     )  # fmt: skip
     notes = [
         *left_out, *_power_rule(candidates, runs),
         "Power: mean of NVML power readings over the window (on Hopper the driver's ~1 s moving average).",
-        *point_notes(_finite(runs, ["power_w_mean"]), ["power_w_mean"]),
+        *point_notes(finite(runs, ["power_w_mean"]), ["power_w_mean"]),
     ]  # fmt: skip
     return chart, caption(
         frame, "Figure 4: average GPU power (W) at the largest batch per model", notes, ["power_w_mean"]
@@ -69,7 +69,7 @@ def _power_rule(candidates: pl.DataFrame, chosen: pl.DataFrame) -> list[str]:
     skipped = ", ".join(f"{names[r['model']][0]} b={r['batch_size']} ({_preemptions(r)})" for r in larger)
     unknown = any(r["preemptions"] is None for r in larger)
     what = "with preemptions or an unknown count" if unknown else "with preemptions"
-    counted = _warmup_counted([*chosen_at.values(), *larger])
+    counted = warmup_counted([*chosen_at.values(), *larger])
     return [rule, f"Chosen: {picked}.", f"Skipped (larger batches {what}): {skipped or 'none'}.{counted}"]
 
 

@@ -14,9 +14,9 @@ import polars as pl
 
 from slmserve import stats
 from slmserve.analysis import CI_METRICS, NOT_MEASURED
-from slmserve.figures.captions import NOT_MEASURED_NOTE, _ci_cols, _energy_note, caption, point_notes
-from slmserve.figures.names import _finite, _mps, model_names, named, ok_runs, plan_size
-from slmserve.figures.shapes import TRADEOFF, _bars, _tradeoff, _window_ok
+from slmserve.figures.captions import NOT_MEASURED_NOTE, caption, ci_cols, energy_note, point_notes
+from slmserve.figures.names import finite, model_names, mps_label, named, ok_runs, plan_size
+from slmserve.figures.shapes import TRADEOFF, bar_chart, tradeoff_chart, window_ok
 
 # --- Figures 5-7 and extra: replication ------------------------------------------------------------
 
@@ -25,7 +25,7 @@ def setup_label(row: Mapping[str, Any]) -> str:
     """A replication run's bar and legend label: the replica count for the paper's equal split (``×2``), the
     plan for the batching advisor's (``advisor 4×256``); `` MPS`` where the replicas ran under MPS."""
     base = f"advisor {plan_size(row)}" if row.get("plan") == "advisor" else f"×{row.get('replicas')}"
-    return base + _mps(row)
+    return base + mps_label(row)
 
 
 def _one_instance(row: Mapping[str, Any]) -> bool:
@@ -129,7 +129,9 @@ def _replication_notes(summary: pl.DataFrame) -> list[str]:
         )
         notes.append(f"Batch per replica = the largest one-GPU batch / replicas ({batches or 'none'}).")
         if "plan" in summary.columns and (summary["plan"] == "advisor").any():
-            plans = ", ".join(f"{names[r['model']][0]}: {plan_size(r)}{_mps(r)}" for r in advised.iter_rows(named=True))
+            plans = ", ".join(
+                f"{names[r['model']][0]}: {plan_size(r)}{mps_label(r)}" for r in advised.iter_rows(named=True)
+            )
             notes.append(
                 "Beyond the paper, the batching advisor's plan (slmserve.replication.advisor_plan; the advisor run on "
                 "the model's one-GPU sweep, as in advisor.csv): max(1, min(replicas_fit, max_replicas)) replicas of "
@@ -157,7 +159,7 @@ def _unmeasured_name(row: Mapping[str, Any], names: Mapping[str, tuple[str, floa
     """``OPT-125M × 3 replicas`` or ``OPT-125M advisor plan MPS``: a replication run that was not measured."""
     model = names.get(row["model"], (row["model"],))[0]
     if row.get("plan") == "advisor":
-        return f"{model} advisor plan{_mps(row)}"
+        return f"{model} advisor plan{mps_label(row)}"
     return f"{model} × {row['replicas']} replicas"
 
 
@@ -180,13 +182,13 @@ def _system_vs_sum(runs: pl.DataFrame) -> list[str]:
 def replication_tradeoff(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     """Figure 5: system throughput against latency per model, points labelled by the number of replicas."""
     runs, order = named(ok_runs(summary))
-    runs, _ = _with_setup(_finite(runs, TRADEOFF))
+    runs, _ = _with_setup(finite(runs, TRADEOFF))
     data = runs.select(
-        "model", "replicas", "throughput_rps", "latency_mean_s", "setup", "how", *_ci_cols(runs, TRADEOFF),
+        "model", "replicas", "throughput_rps", "latency_mean_s", "setup", "how", *ci_cols(runs, TRADEOFF),
         series=pl.concat_str("model", "how", separator=" / "),
     )  # fmt: skip
     several = runs["how"].n_unique() > 1  # the advisor's plan or MPS beside the equal split: a shape each
-    chart = _tradeoff(
+    chart = tradeoff_chart(
         data, title="Model replication: throughput and latency (Figure 5)", label="replicas", order=order,
         log_x=False, shape="how" if several else None, shape_title="Plan",
     )  # fmt: skip
@@ -201,18 +203,18 @@ def _replication_bars(
     summary: pl.DataFrame, y: str, y_title: str, title: str, what: str, notes: Sequence[str] = ()
 ) -> tuple[alt.LayerChart, str]:
     runs, order = named(ok_runs(summary))
-    runs = _finite(runs, [y])
+    runs = finite(runs, [y])
     energy = y == "energy_per_token_j"
-    cis = _ci_cols(runs, [y]) if y in CI_METRICS else []
-    window = [_window_ok(runs).alias("energy_window_ok")] if energy else []
+    cis = ci_cols(runs, [y]) if y in CI_METRICS else []
+    window = [window_ok(runs).alias("energy_window_ok")] if energy else []
     runs, setups = _with_setup(runs)
     data = runs.select("model", "replicas", "setup", y, *cis, *window)
-    chart = _bars(
+    chart = bar_chart(
         data, y=y, y_title=y_title, title=title, order=order, group="setup", group_order=setups,
         group_title="Replicas" if all(s[1:].isdigit() for s in setups) else "Replicas (plan)",
         text_format=".2g" if energy else ".0f",
     )  # fmt: skip
-    notes = [*_replication_notes(summary), *notes, *point_notes(runs, [y]), *(_energy_note(runs) if energy else [])]
+    notes = [*_replication_notes(summary), *notes, *point_notes(runs, [y]), *(energy_note(runs) if energy else [])]
     return chart, caption(summary, what, notes, telemetry=[y])
 
 

@@ -1,5 +1,5 @@
-"""Figures: the altair theme and the three chart shapes the figures share (:func:`_tradeoff`,
-:func:`_batch_lines`, :func:`_bars`; the package docstring says which figure draws which), with their 95% CI
+"""Figures: the altair theme and the three chart shapes the figures share (:func:`tradeoff_chart`,
+:func:`batch_lines`, :func:`bar_chart`; the package docstring says which figure draws which), with their 95% CI
 error bars and the "no data" note of an empty plot.
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import altair as alt
 import polars as pl
 
-from slmserve.figures.captions import METRIC_NAMES, _ci_cols, point_name
-from slmserve.figures.names import _finite
+from slmserve.figures.captions import METRIC_NAMES, ci_cols, point_name
+from slmserve.figures.names import finite
 
 
 def theme() -> dict:
@@ -45,7 +45,7 @@ def no_data() -> alt.Chart:
     return note.encode(x=alt.value(210), y=alt.value(150), text=alt.value("no data (see caption)"))
 
 
-def _tradeoff(
+def tradeoff_chart(
     data: pl.DataFrame,
     *,
     title: str,
@@ -116,7 +116,7 @@ _LONG_SCHEMA = {"model": pl.String, "batch_size": pl.Int64, "panel": pl.String, 
                 "lo": pl.Float64, "hi": pl.Float64, "ok": pl.Boolean}  # fmt: skip
 
 
-def _window_ok(runs: pl.DataFrame) -> pl.Expr:
+def window_ok(runs: pl.DataFrame) -> pl.Expr:
     """The summary's ``energy_window_ok`` (:func:`slmserve.analysis.energy_metrics`, true only where every repeat's
     window reached ENERGY_MIN_WINDOW_S); null where the summary does not record it. Only true is drawn as
     trusted."""
@@ -125,11 +125,11 @@ def _window_ok(runs: pl.DataFrame) -> pl.Expr:
     return pl.col("energy_window_ok").cast(pl.Boolean)
 
 
-def _batch_long(runs: pl.DataFrame, panels: Sequence[Panel]) -> pl.DataFrame:
+def batch_long(runs: pl.DataFrame, panels: Sequence[Panel]) -> pl.DataFrame:
     """One row per (run, panel, statistic): model, batch_size, panel, stat, value (nulls dropped), the 95% CI
-    (lo, hi; null where the point has none) and ok (:func:`_window_ok` for energy, else true; hollow unless true)."""
+    (lo, hi; null where the point has none) and ok (:func:`window_ok` for energy, else true; hollow unless true)."""
     frames = [
-        runs.with_columns(_ci_cols(runs, [col])).select(
+        runs.with_columns(ci_cols(runs, [col])).select(
             pl.col("model").cast(pl.String),
             pl.col("batch_size").cast(pl.Int64),
             panel=pl.lit(title),
@@ -137,21 +137,21 @@ def _batch_long(runs: pl.DataFrame, panels: Sequence[Panel]) -> pl.DataFrame:
             value=pl.col(col).cast(pl.Float64),
             lo=pl.col(f"{col}_ci_lo"),
             hi=pl.col(f"{col}_ci_hi"),
-            ok=_window_ok(runs) if col == "energy_per_token_j" else pl.lit(True),
+            ok=window_ok(runs) if col == "energy_per_token_j" else pl.lit(True),
         )
         for title, _, cols in panels
         for stat, col in cols.items()
         if col in runs.columns
     ]
     data = pl.concat(frames) if frames else pl.DataFrame(schema=_LONG_SCHEMA)
-    return _finite(data, ["batch_size", "value"]).sort(["panel", "stat", "model", "batch_size"])
+    return finite(data, ["batch_size", "value"]).sort(["panel", "stat", "model", "batch_size"])
 
 
-def _batch_lines(
+def batch_lines(
     data: pl.DataFrame, panels: Sequence[Panel], *, title: str, order: Sequence[str], y_log: bool = False
 ) -> alt.TopLevelMixin:
     """Lines against batch size (log2 axis), a color per model, mean/max as line styles; one panel per
-    entry of ``panels`` side by side, all drawn from the one long dataset of :func:`_batch_long`."""
+    entry of ``panels`` side by side, all drawn from the one long dataset of :func:`batch_long`."""
     ticks = sorted(set(data["batch_size"].to_list()))
     x = alt.X(
         "batch_size:Q",
@@ -190,7 +190,7 @@ def _batch_lines(
     return alt.hconcat(*charts, data=data, title=title)
 
 
-def _bars(
+def bar_chart(
     data: pl.DataFrame,
     *,
     y: str,

@@ -12,20 +12,20 @@ import altair as alt
 import polars as pl
 
 from slmserve import stats
-from slmserve.figures.captions import _ci_cols, caption, mixed_gpus, point_notes, values
+from slmserve.figures.captions import caption, ci_cols, mixed_gpus, point_notes, values
 from slmserve.figures.names import (
-    _at_once,
-    _finite,
-    _largest_batch,
-    _one_gpu,
-    _rate_label,
     display_name,
+    finite,
+    largest_batch,
     main_workload,
     model_names,
     named,
     ok_runs,
+    one_gpu,
+    rate_name,
+    sent_at_once,
 )
-from slmserve.figures.shapes import TRADEOFF, _tradeoff, color_scale, log_ci_notes, no_data
+from slmserve.figures.shapes import TRADEOFF, color_scale, log_ci_notes, no_data, tradeoff_chart
 
 PAPER_FAMILIES = ("OPT", "LLaMA", "MPT", "GPT-J")
 # "The same curve" (Figure 2) has no tolerance in the paper: 3% as bench/batch_control, but stricter (the whole
@@ -41,16 +41,16 @@ def throughput_latency(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     model and GPU count."""
     runs, notes = main_workload(ok_runs(summary))
     runs, order = named(runs)
-    runs = _finite(runs, TRADEOFF)
+    runs = finite(runs, TRADEOFF)
     gpus, kind, extra = pl.col("tp").cast(pl.String), pl.lit(""), []
     if mixed_gpus(runs):  # a curve and a marker per GPU model, never one line through two kinds of GPU
         kind, extra = pl.lit(" · ") + pl.col("gpu_model"), ["gpu_model"]
     data = runs.select(
-        "model", "tp", "batch_size", "throughput_rps", "latency_mean_s", *extra, *_ci_cols(runs, TRADEOFF),
+        "model", "tp", "batch_size", "throughput_rps", "latency_mean_s", *extra, *ci_cols(runs, TRADEOFF),
         series=pl.col("model") + pl.lit(" · ") + gpus + pl.lit(" GPU") + kind,
         gpus=gpus + kind,
     )  # fmt: skip
-    chart = _tradeoff(
+    chart = tradeoff_chart(
         data, title="Throughput and latency trade-off (Figure 1)", label="batch_size", order=order,
         shape="gpus", shape_title="GPUs",
     )  # fmt: skip
@@ -66,21 +66,21 @@ def families(summary: pl.DataFrame) -> tuple[alt.LayerChart, str]:
     """Figure 2 (left): throughput against mean latency for decoder families of similar size (OPT-6.7B,
     LLaMA-7B, MPT-7B, GPT-J-6B), one curve per model, labels = batch size. Models with no measured run
     are named in the caption with their reason."""
-    runs, notes = main_workload(_one_gpu(ok_runs(summary)))
-    runs = _finite(runs, TRADEOFF)
+    runs, notes = main_workload(one_gpu(ok_runs(summary)))
+    runs = finite(runs, TRADEOFF)
     claim = _drain_note(runs) + _family_ratios(runs)  # Figure 2's claim, before named() relabels the models
     runs, order = named(runs)
     data = runs.select(
-        "model", "batch_size", "throughput_rps", "latency_mean_s", *_ci_cols(runs, TRADEOFF), series=pl.col("model")
+        "model", "batch_size", "throughput_rps", "latency_mean_s", *ci_cols(runs, TRADEOFF), series=pl.col("model")
     )
-    chart = _tradeoff(data, title="Families of similar size (Figure 2, left)", label="batch_size", order=order)
+    chart = tradeoff_chart(data, title="Families of similar size (Figure 2, left)", label="batch_size", order=order)
     notes += [*point_notes(runs, TRADEOFF), *log_ci_notes(runs), *claim]
     if "family" in summary.columns:
         missing = [f for f in PAPER_FAMILIES if f not in set(summary["family"].drop_nulls().to_list())]
         notes += [f"{f}: no run in this summary (in the paper's Figure 2, left)" for f in missing]
     notes.append("One GPU (tp = 1), all requests at once; the paper's curves are on one A100 40 GB.")
     return chart, caption(
-        _one_gpu(summary), "Figure 2 (left): throughput vs mean latency per model family, labels = batch size", notes
+        one_gpu(summary), "Figure 2 (left): throughput vs mean latency per model family, labels = batch size", notes
     )
 
 
@@ -93,7 +93,7 @@ def _drain_note(runs: pl.DataFrame) -> list[str]:
     need = {"n_ok", "arrival_rate", "throughput_rps", "latency_mean_s"}
     if runs.is_empty() or not need <= set(runs.columns):
         return []
-    at_once = runs.filter(_at_once() & (pl.col("n_ok") > 0))
+    at_once = runs.filter(sent_at_once() & (pl.col("n_ok") > 0))
     drain = (pl.col("throughput_rps") * pl.col("latency_mean_s") / (pl.col("n_ok") / 2)).alias("drain")
     per = (at_once.with_columns(drain).group_by("batch_size")
            .agg(lo=pl.col("drain").min(), hi=pl.col("drain").max(), k=pl.col("model").n_unique())
@@ -129,7 +129,7 @@ def _family_ratios(runs: pl.DataFrame, tolerance: float = FAMILY_TOLERANCE) -> l
     if runs.is_empty() or not {"family", "gpu_model"} <= set(runs.columns):
         return []
     names = model_names(runs)
-    # _finite types an all-null column (no family known) as Float64
+    # finite types an all-null column (no family known) as Float64
     refs = sorted(set(runs.filter(pl.col("family").cast(pl.String) == "OPT")["model"].to_list()))
     if len(refs) != 1:
         said = ", ".join(names[m][0] for m in refs)
@@ -185,19 +185,19 @@ def output_lengths(summary: pl.DataFrame, model: str | None = None) -> tuple[alt
     runs at (``--max-num-seqs`` = the one-GPU maximum, dashed). A summary with several batches per point
     (a sweep) is reduced to the largest, preferring runs without preemption."""
     model = model or _output_model(summary)
-    frame = _one_gpu(summary.filter(pl.col("model") == model)) if model else summary.head(0)
-    runs = _largest_batch(ok_runs(frame), ["arrival_rate", "output_len"]) if not frame.is_empty() else frame
+    frame = one_gpu(summary.filter(pl.col("model") == model)) if model else summary.head(0)
+    runs = largest_batch(ok_runs(frame), ["arrival_rate", "output_len"]) if not frame.is_empty() else frame
     runs, _ = named(runs)
-    runs = _finite(runs, TRADEOFF).sort(["arrival_rate", "output_len"], descending=[True, False])
+    runs = finite(runs, TRADEOFF).sort(["arrival_rate", "output_len"], descending=[True, False])
     rates = runs["arrival_rate"].cast(pl.Float64).unique().sort(descending=True).to_list() if runs.height else []
-    order = [_rate_label(r) for r in rates]
+    order = [rate_name(r) for r in rates]
     data = runs.select(
         "model", "output_len", "batch_size", "throughput_rps", "latency_mean_s",
-        *_ci_cols(runs, [*TRADEOFF, "effective_batch"]),
+        *ci_cols(runs, [*TRADEOFF, "effective_batch"]),
         effective_batch=_float_or_null(runs, "effective_batch"), preemptions=_float_or_null(runs, "preemptions"),
-        rate=pl.col("arrival_rate").cast(pl.Float64).map_elements(_rate_label, return_dtype=pl.String),
+        rate=pl.col("arrival_rate").cast(pl.Float64).map_elements(rate_name, return_dtype=pl.String),
     ).with_columns(series=pl.col("rate"))  # fmt: skip
-    left = _tradeoff(
+    left = tradeoff_chart(
         data, title="Throughput vs latency, labels = output length", label="output_len", order=order, color="rate",
         color_title="Arrival rate (req/s)", log_x=False,
     )  # fmt: skip
@@ -217,7 +217,7 @@ def _float_or_null(runs: pl.DataFrame, col: str) -> pl.Expr:
 
 
 def _outlen_point(row: Mapping[str, Any]) -> str:
-    return f"{row['output_len']} tokens at {_rate_label(row.get('arrival_rate'))} req/s"
+    return f"{row['output_len']} tokens at {rate_name(row.get('arrival_rate'))} req/s"
 
 
 def _effective_batch_panel(data: pl.DataFrame, order: Sequence[str]) -> alt.LayerChart:
