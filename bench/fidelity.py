@@ -493,9 +493,10 @@ def summarize(
     (:func:`slmserve.stats.equivalent`, the issue's "ratio within 0.98-1.02" at 95% confidence;
     ``all_equivalent``); ``within_tolerance`` = ``|ratio - 1| <= tolerance`` on the means alone
     (``ratios`` and ``within`` hold the same against every other client; ``window_ratios`` compare the
-    throughputs on the project's window definition, ``window_rps``). ``paired`` judges the same key repeat by
-    repeat (:func:`_paired`): ``paired_ratio``, ``paired_n``, ``paired_ci_lo``/``paired_ci_hi``,
-    ``paired_verdict`` and ``paired_equivalent`` (``all_paired_equivalent``). A run with throughput ``None``
+    throughputs on the project's window definition, ``window_rps``). The ``paired_*`` keys judge the same key
+    repeat by repeat (:func:`_paired`): ``paired_ratio`` (the mean of the repeats' ratios, not a ratio of
+    means), ``paired_n``, ``paired_ci_lo``/``paired_ci_hi``, ``paired_verdict`` and ``paired_equivalent``
+    (``all_paired_equivalent``). A run with throughput ``None``
     (nothing completed) is left out of the means; ``all_ok`` says whether every request of every run of
     the client completed."""
     batches: list[dict[str, Any]] = []

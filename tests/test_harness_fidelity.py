@@ -356,22 +356,25 @@ def test_summary_ratio_and_cv() -> None:
 def test_summary_pairs_the_clients_repeat_by_repeat() -> None:
     # the server drifts 90 -> 110 req/s over the repeats; ours reads about 1% more within each repeat
     speeds, mine = [90.0, 100.0, 110.0, 95.0], [1.009, 1.011, 1.010, 1.010]
-    rows = [r for i, (s, m) in enumerate(zip(speeds, mine, strict=True))
-            for r in (_row(512, i, "vllm-bench", s), _row(512, i, "slmserve", s * m))]  # fmt: skip
-    rows.append(_row(512, 4, "slmserve", 500.0))  # its reference run failed: no pair, left out of the pairs
-    rows.append(_row(512, 4, "vllm-bench", None, ok=0))
+    rows = [r for i, (s, m) in zip([0, 2, 3, 4], zip(speeds, mine, strict=True), strict=True)
+            for r in (_row(512, i, "vllm-bench", s), _row(512, i, "slmserve", s * m),
+                      _row(512, i, "minimal", 3 * s))]  # fmt: skip
     (b,) = fidelity.summarize(rows, reference="vllm-bench")["batches"]
     assert b["verdict"] == "inconclusive" and b["equivalent"] is False  # the drift widens the unpaired CI
     assert b["paired_n"] == 4 and b["paired_ratio"] == pytest.approx(1.010)
     assert 1.0 < b["paired_ci_lo"] < 1.010 < b["paired_ci_hi"] < 1.02
     assert (b["paired_verdict"], b["paired_equivalent"]) == ("differ", True)
-    assert fidelity.summarize(rows, reference="vllm-bench")["all_paired_equivalent"] is True
+    # repeat 1's reference run failed: its own run has no partner, and the later repeats keep theirs
+    failed = [*rows[:3], _row(512, 1, "slmserve", 500.0), _row(512, 1, "vllm-bench", None, ok=0), *rows[3:]]
+    s = fidelity.summarize(failed, reference="vllm-bench")
+    assert s["batches"][0]["paired_n"] == 4 and s["batches"][0]["paired_ratio"] == pytest.approx(1.010)
+    assert s["all_paired_equivalent"] is True
     # pairs are judged on the window where the reference has it
     windowed = [{**r, "window_rps": r["throughput_rps"]} for r in rows]
     windowed[0]["window_rps"] = 90.0 * 1.05
     (w,) = fidelity.summarize(windowed, reference="vllm-bench")["batches"]
     assert w["paired_ratio"] == pytest.approx((1.009 / 1.05 + 1.011 + 1.010 + 1.010) / 4)
-    lone = fidelity.summarize(rows[:2], reference="vllm-bench")
+    lone = fidelity.summarize(rows[:3], reference="vllm-bench")
     assert lone["batches"][0]["paired_n"] == 1 and lone["batches"][0]["paired_equivalent"] is None
     assert lone["all_paired_equivalent"] is False
 
