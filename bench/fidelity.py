@@ -473,6 +473,13 @@ def _paired(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key
     return stats.describe([v[subject] / v[reference] for _, v in sorted(by.items()) if len(v) == 2 and v[reference]])
 
 
+def _judgement(prefix: str, ci: Mapping[str, Any], tolerance: float) -> dict[str, Any]:
+    """``<prefix>verdict`` and ``<prefix>equivalent`` of an interval ``ci`` (its ``ci_lo`` and ``ci_hi``)."""
+    lo, hi = ci["ci_lo"], ci["ci_hi"]
+    verdict, equivalent = stats.verdict(lo, hi, tolerance), stats.equivalent(lo, hi, tolerance)
+    return {f"{prefix}verdict": verdict, f"{prefix}equivalent": equivalent}
+
+
 def _within(ratio: float | None, tolerance: float) -> bool:
     """``|ratio - 1| <= tolerance``, the boundary included despite rounding (0.98 is within 2%)."""
     return ratio is not None and abs(ratio - 1.0) <= tolerance + 1e-12
@@ -534,15 +541,13 @@ def summarize(
                 "ratio": ratio,
                 "ratio_ci_lo": ci["ci_lo"],
                 "ratio_ci_hi": ci["ci_hi"],
-                "verdict": stats.verdict(ci["ci_lo"], ci["ci_hi"], tolerance),
-                "equivalent": stats.equivalent(ci["ci_lo"], ci["ci_hi"], tolerance),
+                **_judgement("", ci, tolerance),
                 "within_tolerance": _within(ratio, tolerance),
                 "paired_ratio": paired["mean"],
                 "paired_n": paired["n"],
                 "paired_ci_lo": paired["ci_lo"],
                 "paired_ci_hi": paired["ci_hi"],
-                "paired_verdict": stats.verdict(paired["ci_lo"], paired["ci_hi"], tolerance),
-                "paired_equivalent": stats.equivalent(paired["ci_lo"], paired["ci_hi"], tolerance),
+                **_judgement("paired_", paired, tolerance),
                 "ratios": ratios,
                 "within": within,
                 "window_ratios": window_ratios,

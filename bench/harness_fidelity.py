@@ -147,16 +147,20 @@ def print_summary(summary: dict[str, Any]) -> None:
         ]
         ratios = ", ".join(f"/{k} {_fmt(v, '.4f')}" for k, v in b["ratios"].items())
         windows = ", ".join(f"/{k} {_fmt(v, '.4f')}" for k, v in b["window_ratios"].items())
-        ci = f"[{_fmt(b['ratio_ci_lo'], '.4f')}, {_fmt(b['ratio_ci_hi'], '.4f')}]"
         print(f"batch {b['batch']:>4} n={b['n']}: {'; '.join(parts)}", flush=True)
         print(f"    ratio {ratios}; on first send to last end {windows}", flush=True)
-        inside = {True: "yes", False: "no", None: "no interval"}[b["equivalent"]]
-        print(f"    judged /{b['reference']} {_fmt(b['ratio'], '.4f')}, 95% CI {ci}: {b['verdict']}; CI within"
-              f" {summary['tolerance']:.0%}: {inside}", flush=True)  # fmt: skip
-        paired = f"[{_fmt(b['paired_ci_lo'], '.4f')}, {_fmt(b['paired_ci_hi'], '.4f')}]"
-        inside = {True: "yes", False: "no", None: "no interval"}[b["paired_equivalent"]]
-        print(f"    paired by repeat (n={b['paired_n']}) {_fmt(b['paired_ratio'], '.4f')}, 95% CI {paired}:"
-              f" {b['paired_verdict']}; CI within {summary['tolerance']:.0%}: {inside}", flush=True)  # fmt: skip
+        tol = summary["tolerance"]
+        print(_judged(f"judged /{b['reference']}", b["ratio"], b["ratio_ci_lo"], b["ratio_ci_hi"], b["verdict"],
+                      b["equivalent"], tol), flush=True)  # fmt: skip
+        print(_judged(f"paired by repeat (n={b['paired_n']})", b["paired_ratio"], b["paired_ci_lo"],
+                      b["paired_ci_hi"], b["paired_verdict"], b["paired_equivalent"], tol), flush=True)  # fmt: skip
+
+
+def _judged(label: str, ratio: float | None, lo: float | None, hi: float | None, verdict: str,
+            equivalent: bool | None, tolerance: float) -> str:  # fmt: skip
+    inside = {True: "yes", False: "no", None: "no interval"}[equivalent]
+    return (f"    {label} {_fmt(ratio, '.4f')}, 95% CI [{_fmt(lo, '.4f')}, {_fmt(hi, '.4f')}]: {verdict}; CI within"
+            f" {tolerance:.0%}: {inside}")  # fmt: skip
 
 
 def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[int]]) -> int:
