@@ -465,11 +465,12 @@ def _paired(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key
     """The ratio ``subject / reference`` of ``key`` within each repeat (the two clients back to back on the
     same server), over the repeats where both measured: :func:`slmserve.stats.describe` of those ratios
     (their mean and its 95% t-interval). Pairing removes what the two runs of a repeat share (the server's
-    and the host's state at the time) from the interval."""
-    by: dict[Any, dict[str, float]] = {}
+    and the host's state at the time) from the interval. Rows pooled from several runs carry their
+    ``source``: a repeat pairs only within its own source (repeat 0 of two machines is two pairs)."""
+    by: dict[tuple[str, int], dict[str, float]] = {}
     for r in rows:
         if r.get(key) is not None and r["client"] in (subject, reference):
-            by.setdefault(int(r["repeat"]), {})[str(r["client"])] = float(r[key])
+            by.setdefault((str(r.get("source") or ""), int(r["repeat"])), {})[str(r["client"])] = float(r[key])
     return stats.describe([v[subject] / v[reference] for _, v in sorted(by.items()) if len(v) == 2 and v[reference]])
 
 
@@ -565,12 +566,12 @@ def summarize(
     }
 
 
-def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+def rows_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = CSV_COLUMNS) -> str:
     buf = _io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for r in rows:
-        writer.writerow({k: "" if r.get(k) is None else r[k] for k in CSV_COLUMNS})
+        writer.writerow({k: "" if r.get(k) is None else r[k] for k in columns})
     return buf.getvalue()
 
 
@@ -581,9 +582,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return pl.read_csv(path, schema_overrides={**ints, **floats, "client": pl.String, "error": pl.String}).to_dicts()
 
 
-def write_outputs(out: Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> tuple[Path, Path]:
-    """``out/fidelity.csv`` (one row per run) and ``out/fidelity.json`` (the summary), both atomic."""
+def write_outputs(
+    out: Path, rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any], columns: Sequence[str] = CSV_COLUMNS
+) -> tuple[Path, Path]:
+    """``out/fidelity.csv`` (one row per run, ``columns``) and ``out/fidelity.json`` (the summary), both atomic."""
     csv_path, json_path = out / "fidelity.csv", out / "fidelity.json"
-    io.atomic_write_text(csv_path, rows_csv(rows))
+    io.atomic_write_text(csv_path, rows_csv(rows, columns))
     io.atomic_write_text(json_path, json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
     return csv_path, json_path

@@ -2,6 +2,8 @@
 
     python bench/harness_fidelity.py --out DIR [--prompts results/quick/data/prompts-in512-n500.parquet]
         [--batch-sizes 1 64 512] [--repeats 3] [--clients slmserve vllm-bench minimal]
+    python bench/harness_fidelity.py --out DIR --judge          (judge DIR's runs again)
+    python bench/harness_fidelity.py --out DIR --pool DIR1 DIR2 (judge several machines' runs as one sample)
 
 One vLLM server (OPT-125M, dummy weights, the workflow's settings, ``--max-num-seqs`` = the largest batch)
 serves every run. For each batch size B and repeat the clients take turns, the first rotating from one repeat
@@ -54,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--out", type=Path, required=True, help="output folder")
     ap.add_argument("--judge", action="store_true", help="measure nothing: judge OUT/fidelity.csv again")
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="DIR",
+                    help="measure nothing: judge the runs of these measuring folders (one machine each) together,"
+                         " pairs within each folder, into OUT")  # fmt: skip
     ap.add_argument("--prompts", type=Path, default=Path("results/quick/data/prompts-in512-n500.parquet"))
     ap.add_argument("--model-path", default=str(ROOT / "config/models/opt-125m"))
     ap.add_argument("--served-name", default="opt125m")
@@ -75,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--startup-timeout-s", type=float, default=900.0)
     ap.add_argument("--run-timeout-s", type=float, default=1800.0)
     args = ap.parse_args(argv)
+    if args.judge and args.pool:
+        ap.error("--judge and --pool: give one (--judge rewrites OUT, --pool writes OUT from other folders)")
     if SUBJECT not in args.clients or len(args.clients) < 2:
         ap.error(f"--clients needs {SUBJECT} and at least one reference client")
     if args.reference not in args.clients:
@@ -239,11 +246,58 @@ def judge(out: Path, tolerance: float) -> int:
     return 0
 
 
+# What must be equal for runs to be pooled: the workload and the server (not the batch sizes: they are judged
+# one by one, so folders that measured different batches pool at the batches they share)
+POOL_SAME = ("model_path", "requests", "input_len", "output_len", "warmup_requests", "dtype", "max_model_len",
+             "memory_share", "stream_interval", "no_stream")  # fmt: skip
+
+
+def pool(out: Path, folders: list[Path], tolerance: float) -> int:
+    """Judge the runs of several measuring folders (each one server on one machine) together, as one sample:
+    their rows, each tagged with its folder as ``source`` so that a repeat pairs only within its folder
+    (:func:`bench.fidelity.summarize`), into ``out/fidelity.csv`` and ``out/fidelity.json``, the latter
+    with ``sources`` (folder, machine, GPU model, git SHA, time, runs of each) and the first folder's
+    settings. Folders must share the workload and server settings (``POOL_SAME``) and the reference."""
+    rows: list[dict[str, Any]] = []
+    sources: list[dict[str, Any]] = []
+    first: dict[str, Any] | None = None
+    for folder in folders:
+        csv_path, json_path = folder / "fidelity.csv", folder / "fidelity.json"
+        if not csv_path.exists() or not json_path.exists():
+            raise SystemExit(f"--pool: {csv_path} and {json_path} must both exist (written by a measuring run)")
+        doc = json.loads(json_path.read_text())
+        settings = doc.get("settings", {})
+        if first is None:
+            first = {**doc, "folder": folder}
+        for key in ("reference", *POOL_SAME):
+            mine = doc.get(key) if key == "reference" else settings.get(key)
+            theirs = first.get(key) if key == "reference" else first.get("settings", {}).get(key)
+            if mine != theirs:
+                raise SystemExit(f"--pool: {json_path}: {key} is {mine!r}, {first['folder']} has {theirs!r};"
+                                 " pool only runs of one workload against one reference")  # fmt: skip
+        runs = fidelity.read_rows(csv_path)
+        if settings.get("output_len") is not None:
+            runs = fidelity.fill_bench_windows(runs, folder / "vllm-bench", settings["output_len"])
+        rows += [{**r, "source": str(folder)} for r in runs]
+        prov = doc.get("provenance", {})
+        sources.append({"folder": str(folder), "runs": len(runs),
+                        **{k: prov.get(k) for k in ("machine", "gpu_models", "git_sha", "created")}})  # fmt: skip
+    assert first is not None  # argparse's nargs="+" gives at least one folder
+    summary = fidelity.summarize(rows, reference=first["reference"], tolerance=tolerance)
+    doc = {**summary, "sources": sources, "settings": first.get("settings", {})}
+    out.mkdir(parents=True, exist_ok=True)
+    fidelity.write_outputs(out, rows, doc, columns=("source", *fidelity.CSV_COLUMNS))
+    print_summary(summary)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.judge:
         return judge(args.out, args.tolerance)
+    if args.pool:
+        return pool(args.out, args.pool, args.tolerance)
     install_signal_handlers()
     prompts_all = fidelity.load_prompts(args.prompts, args.input_len)
     if args.requests is not None and args.requests > len(prompts_all):

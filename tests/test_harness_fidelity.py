@@ -459,3 +459,49 @@ def test_clients_take_turns_going_first() -> None:
     three = ["slmserve", "vllm-bench", "minimal"]
     assert [fidelity.turns(three, r)[0] for r in range(4)] == ["slmserve", "vllm-bench", "minimal", "slmserve"]
     assert fidelity.turns([], 1) == []
+
+
+def _measured(folder: Path, rows: list[dict], machine: str, **settings: Any) -> Path:
+    """A measuring run's two files as ``harness_fidelity.measure`` leaves them."""
+    base = {"model_path": "config/models/opt-1.3b", "requests": 1000, "input_len": 512, "output_len": 256}
+    doc = {**fidelity.summarize(rows, reference="vllm-bench"), "settings": {**base, **settings},
+           "provenance": {"machine": machine, "gpu_models": ["NVIDIA H200"], "git_sha": "abc"}}  # fmt: skip
+    fidelity.write_outputs(folder, rows, doc)
+    return folder
+
+
+def test_pool_pairs_each_repeat_within_its_own_machine(tmp_path: Path, capsys) -> None:
+    # machine a serves 50 req/s, machine b 40; ours reads 1% less than vllm bench serve in every pair
+    def runs(speed: float) -> list[dict]:
+        return [r for i in (0, 1, 2) for r in (_row(64, i, "vllm-bench", speed + i), _row(64, i, "slmserve",
+                                                                                      (speed + i) * 0.99))]  # fmt: skip
+
+    a = _measured(tmp_path / "m1", runs(50.0), "h200-a")
+    b = _measured(tmp_path / "m2", runs(40.0), "h200-b")
+    out = tmp_path / "pooled"
+    assert harness_fidelity.main(["--out", str(out), "--pool", str(a), str(b)]) == 0
+    doc = json.loads((out / "fidelity.json").read_text())
+    (batch,) = doc["batches"]
+    # six pairs, each 0.99: pairing repeat 0 of one machine with repeat 0 of the other would give other ratios
+    assert batch["paired_n"] == 6 and batch["paired_ratio"] == pytest.approx(0.99)
+    assert batch["paired_ci_hi"] - batch["paired_ci_lo"] == pytest.approx(0.0, abs=1e-9)
+    assert (batch["paired_verdict"], batch["paired_equivalent"]) == ("differ", True)
+    assert batch["ratio_ci_hi"] - batch["ratio_ci_lo"] > 0.05  # unpaired, the two machines' speeds widen it
+    assert [s["machine"] for s in doc["sources"]] == ["h200-a", "h200-b"] and doc["sources"][0]["runs"] == 6
+    with (out / "fidelity.csv").open() as fh:
+        got = list(csv.DictReader(fh))
+    assert next(iter(got[0])) == "source" and {r["source"] for r in got} == {str(a), str(b)} and len(got) == 12
+    assert "paired by repeat (n=6)" in capsys.readouterr().out
+
+
+def test_pool_refuses_runs_of_different_workloads(tmp_path: Path) -> None:
+    rows = [_row(64, 0, "vllm-bench", 50.0), _row(64, 0, "slmserve", 50.0)]
+    a = _measured(tmp_path / "m1", rows, "h200-a")
+    b = _measured(tmp_path / "m2", rows, "h200-b", requests=500)
+    with pytest.raises(SystemExit, match=r"m2/fidelity.json: requests is 500, .*m1 has 1000"):
+        harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", str(a), str(b)])
+    with pytest.raises(SystemExit, match="must both exist"):
+        harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", str(a), str(tmp_path / "none")])
+    with pytest.raises(SystemExit):  # argparse: --judge and --pool together
+        harness_fidelity.main(["--out", str(tmp_path / "p"), "--judge", "--pool", str(a)])
+    assert not (tmp_path / "p").exists()
