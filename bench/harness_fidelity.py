@@ -228,18 +228,25 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
     return 0 if all(r["ok"] == r["n"] for r in rows) else 1
 
 
+def _measured_run(folder: Path, flag: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A measuring run's ``folder/fidelity.json`` and its rows, ``vllm bench serve``'s missing windows filled
+    from the result JSONs its runs left; ``flag`` names the option in the error for a folder without them."""
+    csv_path, json_path = folder / "fidelity.csv", folder / "fidelity.json"
+    if not csv_path.exists() or not json_path.exists():
+        raise SystemExit(f"{flag}: {csv_path} and {json_path} must both exist (written by a measuring run)")
+    doc = json.loads(json_path.read_text())
+    rows = fidelity.read_rows(csv_path)
+    output_len = doc.get("settings", {}).get("output_len")
+    if output_len is not None:
+        rows = fidelity.fill_bench_windows(rows, folder / "vllm-bench", output_len)
+    return doc, rows
+
+
 def judge(out: Path, tolerance: float) -> int:
     """Judge the runs of an earlier ``out/fidelity.csv`` again with this criterion (``vllm bench serve``'s
     missing windows filled from its result JSONs); rewrite both files (``fidelity.json``'s settings, server
     and provenance kept, the summary replaced)."""
-    csv_path, json_path = out / "fidelity.csv", out / "fidelity.json"
-    if not csv_path.exists() or not json_path.exists():
-        raise SystemExit(f"--judge: {csv_path} and {json_path} must both exist (written by a measuring run)")
-    doc = json.loads(json_path.read_text())
-    rows = fidelity.read_rows(csv_path)
-    output_len = doc.get("settings", {}).get("output_len")
-    if output_len is not None:  # vllm bench serve's windows from the JSONs its runs left
-        rows = fidelity.fill_bench_windows(rows, out / "vllm-bench", output_len)
+    doc, rows = _measured_run(out, "--judge")
     summary = fidelity.summarize(rows, reference=doc["reference"], tolerance=tolerance)
     fidelity.write_outputs(out, rows, {**doc, **summary})
     print_summary(summary)
@@ -252,39 +259,31 @@ POOL_SAME = ("model_path", "requests", "input_len", "output_len", "warmup_reques
              "memory_share", "stream_interval", "no_stream")  # fmt: skip
 
 
+def _workload(doc: dict[str, Any]) -> dict[str, Any]:
+    """What a measuring run's ``fidelity.json`` must share with another's to be pooled with it."""
+    return {"reference": doc.get("reference"), **{k: doc.get("settings", {}).get(k) for k in POOL_SAME}}
+
+
 def pool(out: Path, folders: list[Path], tolerance: float) -> int:
     """Judge the runs of several measuring folders (each one server on one machine) together, as one sample:
     their rows, each tagged with its folder as ``source`` so that a repeat pairs only within its folder
     (:func:`bench.fidelity.summarize`), into ``out/fidelity.csv`` and ``out/fidelity.json``, the latter
     with ``sources`` (folder, machine, GPU model, git SHA, time, runs of each) and the first folder's
     settings. Folders must share the workload and server settings (``POOL_SAME``) and the reference."""
-    rows: list[dict[str, Any]] = []
-    sources: list[dict[str, Any]] = []
-    first: dict[str, Any] | None = None
-    for folder in folders:
-        csv_path, json_path = folder / "fidelity.csv", folder / "fidelity.json"
-        if not csv_path.exists() or not json_path.exists():
-            raise SystemExit(f"--pool: {csv_path} and {json_path} must both exist (written by a measuring run)")
-        doc = json.loads(json_path.read_text())
-        settings = doc.get("settings", {})
-        if first is None:
-            first = {**doc, "folder": folder}
-        for key in ("reference", *POOL_SAME):
-            mine = doc.get(key) if key == "reference" else settings.get(key)
-            theirs = first.get(key) if key == "reference" else first.get("settings", {}).get(key)
-            if mine != theirs:
-                raise SystemExit(f"--pool: {json_path}: {key} is {mine!r}, {first['folder']} has {theirs!r};"
+    loaded = [(folder, *_measured_run(folder, "--pool")) for folder in folders]
+    head, head_doc, _ = loaded[0]  # argparse's nargs="+" gives at least one folder
+    want = _workload(head_doc)
+    for folder, doc, _ in loaded[1:]:
+        for key, value in _workload(doc).items():
+            if value != want[key]:
+                raise SystemExit(f"--pool: {folder / 'fidelity.json'}: {key} is {value!r}, {head} has {want[key]!r};"
                                  " pool only runs of one workload against one reference")  # fmt: skip
-        runs = fidelity.read_rows(csv_path)
-        if settings.get("output_len") is not None:
-            runs = fidelity.fill_bench_windows(runs, folder / "vllm-bench", settings["output_len"])
-        rows += [{**r, "source": str(folder)} for r in runs]
-        prov = doc.get("provenance", {})
-        sources.append({"folder": str(folder), "runs": len(runs),
-                        **{k: prov.get(k) for k in ("machine", "gpu_models", "git_sha", "created")}})  # fmt: skip
-    assert first is not None  # argparse's nargs="+" gives at least one folder
-    summary = fidelity.summarize(rows, reference=first["reference"], tolerance=tolerance)
-    doc = {**summary, "sources": sources, "settings": first.get("settings", {})}
+    rows = [{**r, "source": str(folder)} for folder, _, runs in loaded for r in runs]
+    sources = [{"folder": str(folder), "runs": len(runs),
+                **{k: doc.get("provenance", {}).get(k) for k in ("machine", "gpu_models", "git_sha", "created")}}
+               for folder, doc, runs in loaded]  # fmt: skip
+    summary = fidelity.summarize(rows, reference=want["reference"], tolerance=tolerance)
+    doc = {**summary, "sources": sources, "settings": head_doc.get("settings", {})}
     out.mkdir(parents=True, exist_ok=True)
     fidelity.write_outputs(out, rows, doc, columns=("source", *fidelity.CSV_COLUMNS))
     print_summary(summary)
