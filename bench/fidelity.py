@@ -100,11 +100,49 @@ class RunResult:
 # --- workload --------------------------------------------------------------------------------------
 
 
-def requests_for(batch: int, available: int, requests: int | None = None) -> int:
-    """Measured requests at ``batch``: ``requests`` if given, else 8 rounds of the batch (at least 64),
-    at most the prompts available."""
+def requests_for(batch: int, available: int, requests: int | Mapping[int, int] | None = None) -> int:
+    """Measured requests at ``batch``: ``requests`` if given (one count for every batch, or per batch; a
+    batch it omits falls back), else 8 rounds of the batch (at least 64), at most the prompts available."""
+    if isinstance(requests, Mapping):
+        requests = requests.get(batch)
     n = requests if requests is not None else max(64, 8 * batch)
     return min(n, available)
+
+
+def parse_requests(values: Sequence[str] | None) -> int | dict[int, int] | None:
+    """``--requests``: one count ``N`` for every batch, or ``B=N`` pairs per batch (others: the default)."""
+    if not values:
+        return None
+    if len(values) == 1 and "=" not in values[0]:
+        return _positive(values[0], "--requests")
+    counts: dict[int, int] = {}
+    for value in values:
+        batch, sep, n = value.partition("=")
+        if not sep:
+            raise ValueError(f"--requests {' '.join(values)}: give one count N, or B=N per batch (not {value!r})")
+        b = _positive(batch, f"--requests {value}: batch")
+        if b in counts:
+            raise ValueError(f"--requests: batch {b} given twice")
+        counts[b] = _positive(n, f"--requests {value}: count")
+    return counts
+
+
+def _positive(text: str, what: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{what}: {text!r} is not a positive integer")
+    return n
+
+
+def plan(batches: Sequence[int], repeats: int, interleave: bool) -> list[tuple[int, int]]:
+    """The (batch, repeat) runs in order: every repeat of one batch before the next, or with ``interleave``
+    one repeat of every batch, then the next (a drift, or a lease that ends early, falls on every batch)."""
+    if interleave:
+        return [(b, r) for r in range(repeats) for b in batches]
+    return [(b, r) for b in batches for r in range(repeats)]
 
 
 def load_prompts(path: Path, input_len: int) -> list[list[int]]:

@@ -1,17 +1,19 @@
 """Harness fidelity: our load generator against vLLM's own benchmark client on the same server and workload.
 
     python bench/harness_fidelity.py --out DIR [--prompts results/quick/data/prompts-in512-n500.parquet]
-        [--batch-sizes 1 64 512] [--repeats 3] [--clients slmserve vllm-bench minimal]
+        [--batch-sizes 1 64 512] [--repeats 3] [--requests N | B=N ...] [--interleave]
+        [--clients slmserve vllm-bench minimal]
     python bench/harness_fidelity.py --out DIR --judge          (judge DIR's runs again)
     python bench/harness_fidelity.py --out DIR --pool DIR1 DIR2 (judge several machines' runs as one sample)
 
 One vLLM server (OPT-125M, dummy weights, the workflow's settings, ``--max-num-seqs`` = the largest batch)
-serves every run. For each batch size B and repeat the clients take turns, the first rotating from one repeat
-to the next (:func:`bench.fidelity.turns`), each
-sending the same N prompts (default ``max(64, 8 B)``) at once with at most B in flight, 512 input and 256
-output tokens, after the same warm-up. Criterion: the ratio of mean throughputs ``slmserve`` / reference,
-whose 95% CI must contain 1 with a half-width of at most 2% (``agree``; ``differ`` where it excludes 1,
-else ``inconclusive``), and whether that CI lies within 0.98-1.02 (``equivalent``).
+serves every run. For each batch size B and repeat (``--interleave``: one repeat of every batch, then the
+next) the clients take turns, the first rotating from one repeat to the next (:func:`bench.fidelity.turns`),
+each sending the same N prompts (default ``max(64, 8 B)``; ``--requests 1=64 64=1000`` per batch) at once
+with at most B in flight, 512 input and 256 output tokens, after the same warm-up. Criterion: the ratio of
+mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a half-width of at most 2%
+(``agree``; ``differ`` where it excludes 1, else ``inconclusive``), and whether that CI lies within 0.98-1.02
+(``equivalent``).
 If ``vllm bench serve`` cannot run offline here, it is dropped (the reason is printed) and ``minimal`` becomes
 the reference; a later failure is recorded as a failed run.
 
@@ -64,7 +66,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--served-name", default="opt125m")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 512])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=None, help="requests per run (default: max(64, 8 x batch))")
+    ap.add_argument(
+        "--requests",
+        nargs="+",
+        metavar="N|B=N",
+        default=None,
+        help="requests per run: N for every batch, or B=N per batch (default: max(64, 8 x batch))",
+    )
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="one repeat of every batch, then the next (default: every repeat of a batch in turn)",
+    )
     ap.add_argument("--input-len", type=int, default=512, help="prompt tokens (prompts are cut to this)")
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--warmup-requests", type=int, default=8)
@@ -88,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.reference = MINIMAL if MINIMAL in args.clients else VLLM_BENCH
     if args.input_len + args.output_len > args.max_model_len:
         ap.error("--input-len + --output-len exceeds --max-model-len")
+    try:
+        args.requests = fidelity.parse_requests(args.requests)
+    except ValueError as exc:
+        ap.error(str(exc))
     return args
 
 
@@ -189,38 +206,39 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
             doc = fidelity.summarize(rows, reference=reference, tolerance=args.tolerance)
             return {**doc, "vllm_bench": bench, "settings": settings, "server": srv.info(), "provenance": prov}
 
+        fitting = []
         for batch in batches:
             reason = batch_fits(batch, srv, args.input_len, args.output_len, "admission")
-            if reason is not None:
+            if reason is None:
+                fitting.append(batch)
+            else:
                 log.warning("batch %d skipped: %s", batch, reason)
-                continue
-            n = fidelity.requests_for(batch, len(prompts_all), args.requests)
-            prompts = prompts_all[:n]
-            for repeat in range(args.repeats):
-                for client in fidelity.turns(clients, repeat):
-                    t = time.monotonic()
-                    try:
-                        res = run_client(client, srv, args, prompts, batch, fidelity.run_tag(client, batch, repeat))
-                    except BenchUnavailable as exc:
-                        if bench["usable"]:  # it ran before: a failed run, recorded as one
-                            print(f"vllm bench serve failed at batch {batch} repeat {repeat}: {exc}", flush=True)
-                            failed = RunResult(VLLM_BENCH, len(prompts), 0, None, None, None, 0, error=str(exc))
-                            rows.append(failed.row(batch, repeat))
-                            fidelity.write_outputs(args.out, rows, document())
-                            continue
-                        bench.update(usable=False, reason=str(exc))
-                        print(f"vllm bench serve: not usable offline because {exc}", flush=True)
-                        clients.remove(VLLM_BENCH)
-                        if reference == VLLM_BENCH:
-                            reference = MINIMAL
-                            if MINIMAL not in clients:
-                                raise SystemExit("no reference client left: add minimal to --clients") from exc
+        for batch, repeat in fidelity.plan(fitting, args.repeats, args.interleave):
+            prompts = prompts_all[: fidelity.requests_for(batch, len(prompts_all), args.requests)]
+            for client in fidelity.turns(clients, repeat):
+                t = time.monotonic()
+                try:
+                    res = run_client(client, srv, args, prompts, batch, fidelity.run_tag(client, batch, repeat))
+                except BenchUnavailable as exc:
+                    if bench["usable"]:  # it ran before: a failed run, recorded as one
+                        print(f"vllm bench serve failed at batch {batch} repeat {repeat}: {exc}", flush=True)
+                        failed = RunResult(VLLM_BENCH, len(prompts), 0, None, None, None, 0, error=str(exc))
+                        rows.append(failed.row(batch, repeat))
+                        fidelity.write_outputs(args.out, rows, document())
                         continue
-                    if client == VLLM_BENCH:
-                        bench.update(usable=True, reason="ran offline: --skip-tokenizer-init --dataset-name custom")
-                    rows.append(res.row(batch, repeat))
-                    print(f"batch {batch} repeat {repeat} {_line(res)}, {time.monotonic() - t:.1f} s wall", flush=True)
-                    fidelity.write_outputs(args.out, rows, document())
+                    bench.update(usable=False, reason=str(exc))
+                    print(f"vllm bench serve: not usable offline because {exc}", flush=True)
+                    clients.remove(VLLM_BENCH)
+                    if reference == VLLM_BENCH:
+                        reference = MINIMAL
+                        if MINIMAL not in clients:
+                            raise SystemExit("no reference client left: add minimal to --clients") from exc
+                    continue
+                if client == VLLM_BENCH:
+                    bench.update(usable=True, reason="ran offline: --skip-tokenizer-init --dataset-name custom")
+                rows.append(res.row(batch, repeat))
+                print(f"batch {batch} repeat {repeat} {_line(res)}, {time.monotonic() - t:.1f} s wall", flush=True)
+                fidelity.write_outputs(args.out, rows, document())
         summary = document()
         csv_path, json_path = fidelity.write_outputs(args.out, rows, summary)
     print_summary(summary)
@@ -299,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         return pool(args.out, args.pool, args.tolerance)
     install_signal_handlers()
     prompts_all = fidelity.load_prompts(args.prompts, args.input_len)
-    if args.requests is not None and args.requests > len(prompts_all):
-        log.warning("--requests %d: only %d prompts in the file, runs use them all", args.requests, len(prompts_all))
+    largest = max(args.requests.values()) if isinstance(args.requests, dict) else args.requests or 0
+    if largest > len(prompts_all):
+        log.warning("--requests %s: only %d prompts in the file, runs use them all", args.requests, len(prompts_all))
     with GpuSlots(1, label="harness-fidelity") as alloc:
         return measure(args, alloc, prompts_all)
 

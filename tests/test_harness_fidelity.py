@@ -505,3 +505,31 @@ def test_pool_refuses_runs_of_different_workloads(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):  # argparse: --judge and --pool together
         harness_fidelity.main(["--out", str(tmp_path / "p"), "--judge", "--pool", str(a)])
     assert not (tmp_path / "p").exists()
+
+
+def test_requests_per_batch_and_their_errors() -> None:
+    assert fidelity.parse_requests(None) is None
+    assert fidelity.parse_requests(["1000"]) == 1000
+    counts = fidelity.parse_requests(["1=64", "64=1000"])
+    assert counts == {1: 64, 64: 1000}
+    assert fidelity.requests_for(1, 1500, counts) == 64
+    assert fidelity.requests_for(64, 1500, counts) == 1000
+    assert fidelity.requests_for(512, 1500, counts) == 1500  # not named: 8 x 512, capped at the prompts
+    assert fidelity.requests_for(32, 1500, counts) == 256
+    for bad, says in ((["1=64", "500"], "B=N per batch"), (["0"], "not a positive"), (["64=x"], "count"),
+                      (["1=8", "1=9"], "batch 1 given twice"), (["b=8"], "batch")):  # fmt: skip
+        with pytest.raises(ValueError, match=says):
+            fidelity.parse_requests(bad)
+
+
+def test_requests_reach_the_command_line_parsed() -> None:
+    args = harness_fidelity.parse_args(["--out", "x", "--requests", "1=64", "512=1500", "--interleave"])
+    assert args.requests == {1: 64, 512: 1500} and args.interleave
+    with pytest.raises(SystemExit):
+        harness_fidelity.parse_args(["--out", "x", "--requests", "1=0"])
+
+
+def test_plan_interleaves_repeats_across_batches() -> None:
+    assert fidelity.plan([1, 64], 2, interleave=False) == [(1, 0), (1, 1), (64, 0), (64, 1)]
+    assert fidelity.plan([1, 64], 2, interleave=True) == [(1, 0), (64, 0), (1, 1), (64, 1)]
+    assert fidelity.plan([], 3, interleave=True) == []
