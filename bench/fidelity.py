@@ -542,9 +542,10 @@ def summarize(
     throughputs on the project's window definition, ``window_rps``). The ``paired_*`` keys judge the same key
     repeat by repeat (:func:`_paired`): ``paired_ratio`` (the mean of the repeats' ratios, not a ratio of
     means), ``paired_n``, ``paired_ci_lo``/``paired_ci_hi``, ``paired_verdict`` and ``paired_equivalent``
-    (``all_paired_equivalent``). A run with throughput ``None``
-    (nothing completed) is left out of the means; ``all_ok`` says whether every request of every run of
-    the client completed."""
+    (``all_paired_equivalent``), ``paired_sd`` (the SD of the repeats' ratios) and ``paired_n_needed``, the
+    pairs a CI of ``± tolerance`` would take at that SD (:func:`slmserve.stats.repeats_for`, a plan). A run
+    with throughput ``None`` (nothing completed) is left out of the means; ``all_ok`` says whether every
+    request of every run of the client completed."""
     batches: list[dict[str, Any]] = []
     for batch in sorted({int(r["batch"]) for r in rows}):
         at = [r for r in rows if int(r["batch"]) == batch]
@@ -586,6 +587,8 @@ def summarize(
                 "paired_n": paired["n"],
                 "paired_ci_lo": paired["ci_lo"],
                 "paired_ci_hi": paired["ci_hi"],
+                "paired_sd": paired["sd"],
+                "paired_n_needed": stats.repeats_for(paired["sd"], tolerance),
                 **_judgement("paired_", paired, tolerance),
                 "ratios": ratios,
                 "within": within,

@@ -178,6 +178,10 @@ def print_summary(summary: dict[str, Any]) -> None:
                       b["equivalent"], tol), flush=True)  # fmt: skip
         print(_judged(f"paired by repeat (n={b['paired_n']})", b["paired_ratio"], b["paired_ci_lo"],
                       b["paired_ci_hi"], b["paired_verdict"], b["paired_equivalent"], tol), flush=True)  # fmt: skip
+        if b.get("paired_sd") is not None:
+            needed = b.get("paired_n_needed")
+            plan = f"{needed} pairs" if needed else "more pairs than can be planned"
+            print(f"    SD of the pairs' ratios {b['paired_sd']:.4f}: ±{tol:.0%} takes about {plan}", flush=True)
 
 
 def _judged(label: str, ratio: float | None, lo: float | None, hi: float | None, verdict: str,

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from bench import fidelity, harness_fidelity
-from slmserve import analysis, runner
+from slmserve import analysis, runner, stats
 from slmserve.loadgen import LoadSpec, _body, run_load, to_frame
 from tests.conftest import requires_engine
 from tests.test_loadgen import MODEL, StandInCompletionsServer
@@ -364,6 +364,8 @@ def test_summary_pairs_the_clients_repeat_by_repeat() -> None:
     assert b["paired_n"] == 4 and b["paired_ratio"] == pytest.approx(1.010)
     assert 1.0 < b["paired_ci_lo"] < 1.010 < b["paired_ci_hi"] < 1.02
     assert (b["paired_verdict"], b["paired_equivalent"]) == ("differ", True)
+    assert b["paired_sd"] == pytest.approx(statistics.stdev(mine))
+    assert b["paired_n_needed"] == stats.repeats_for(b["paired_sd"], fidelity.TOLERANCE) == 2  # SD 0.08%
     # repeat 1's reference run failed: its own run has no partner, and the later repeats keep theirs
     failed = [*rows[:3], _row(512, 1, "slmserve", 500.0), _row(512, 1, "vllm-bench", None, ok=0), *rows[3:]]
     s = fidelity.summarize(failed, reference="vllm-bench")
@@ -376,6 +378,7 @@ def test_summary_pairs_the_clients_repeat_by_repeat() -> None:
     assert w["paired_ratio"] == pytest.approx((1.009 / 1.05 + 1.011 + 1.010 + 1.010) / 4)
     lone = fidelity.summarize(rows[:3], reference="vllm-bench")
     assert lone["batches"][0]["paired_n"] == 1 and lone["batches"][0]["paired_equivalent"] is None
+    assert lone["batches"][0]["paired_sd"] is None and lone["batches"][0]["paired_n_needed"] is None
     assert lone["all_paired_equivalent"] is False
 
 

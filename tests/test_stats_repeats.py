@@ -157,3 +157,15 @@ def test_summary_sample_counts_the_repeats_with_a_value() -> None:
     assert stats.summary_sample(row) == {"n": 2, "mean": 10.0, "sd": 1.0}
     assert stats.summary_sample({"n_repeats": 3, "latency_mean_s": 2.0}, "latency_mean_s")["n"] == 3  # older rows
     assert stats.summary_sample({"throughput_rps": 1.0})["n"] == 1
+
+
+def test_repeats_for_is_the_first_n_whose_interval_is_narrow_enough() -> None:
+    def half(k: int) -> float:
+        return float(st.t.ppf(0.975, k - 1)) * 0.1 / math.sqrt(k)
+
+    n = stats.repeats_for(0.1, 0.02)
+    assert n is not None and half(n) <= 0.02 < half(n - 1)
+    assert n == 99  # (1.984 x 0.1 / 0.02)^2 = 98.4
+    assert stats.repeats_for(0.0, 0.02) == 2
+    assert stats.repeats_for(None, 0.02) is None
+    assert stats.repeats_for(10.0, 0.001, limit=1000) is None

@@ -40,6 +40,26 @@ def describe(xs: Sequence[float | None]) -> dict[str, Any]:
     return {"n": n, "mean": mean, "sd": sd, "ci_lo": mean - half, "ci_hi": mean + half, "ci_half": half}
 
 
+def repeats_for(sd: float | None, half_width: float, limit: int = 100_000) -> int | None:
+    """The fewest repeats ``n`` (at least 2) whose 95% t-interval of the mean, at the sample SD ``sd``, is
+    no wider than ``± half_width``: the smallest n with ``t(0.975, n - 1) · sd / sqrt(n) <= half_width``. A
+    planning figure from a pilot's SD, not a guarantee (the next repeats' SD differs); ``None`` without an
+    SD, or when ``limit`` repeats would not do."""
+    if sd is None or half_width <= 0:
+        return None
+
+    def enough(n: int) -> bool:
+        return float(_st.t.ppf(0.5 + LEVEL / 2, n - 1)) * sd / math.sqrt(n) <= half_width
+
+    if not enough(limit):
+        return None
+    lo, hi = 2, limit  # the half-width falls as n grows: bisect for the first n that is enough
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
+    return lo
+
+
 def ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     """The ratio of means ``mean(a) / mean(b)`` of two independent samples and its 95% CI by the delta
     method: relative standard error ``sqrt(sd_a² / (n_a mean_a²) + sd_b² / (n_b mean_b²))``, with the
