@@ -128,13 +128,9 @@ def parse_requests(values: Sequence[str] | None) -> int | dict[int, int] | None:
 
 
 def _positive(text: str, what: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
+    if not text.isdigit() or int(text) < 1:
         raise ValueError(f"{what}: {text!r} is not a positive integer")
-    return n
+    return int(text)
 
 
 def plan(batches: Sequence[int], repeats: int, interleave: bool) -> list[tuple[int, int]]:

@@ -36,8 +36,13 @@ def describe(xs: Sequence[float | None]) -> dict[str, Any]:
     if n == 1:
         return {"n": 1, "mean": mean, "sd": None, "ci_lo": None, "ci_hi": None, "ci_half": None}
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (n - 1))
-    half = float(_st.t.ppf(0.5 + LEVEL / 2, n - 1)) * sd / math.sqrt(n)
+    half = _t_half(sd, n)
     return {"n": n, "mean": mean, "sd": sd, "ci_lo": mean - half, "ci_hi": mean + half, "ci_half": half}
+
+
+def _t_half(sd: float, n: int) -> float:
+    """The half-width of the 95% t-interval of a mean of ``n`` values whose sample SD is ``sd``."""
+    return float(_st.t.ppf(0.5 + LEVEL / 2, n - 1)) * sd / math.sqrt(n)
 
 
 def repeats_for(sd: float | None, half_width: float, limit: int = 100_000) -> int | None:
@@ -49,7 +54,7 @@ def repeats_for(sd: float | None, half_width: float, limit: int = 100_000) -> in
         return None
 
     def enough(n: int) -> bool:
-        return float(_st.t.ppf(0.5 + LEVEL / 2, n - 1)) * sd / math.sqrt(n) <= half_width
+        return _t_half(sd, n) <= half_width
 
     if not enough(limit):
         return None
