@@ -23,13 +23,16 @@ else engine=cpu; fi
 stamp="$VENV/.slmserve-installed-$engine-$(cat pyproject.toml envs/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then echo "setup: $VENV is up to date (engine: $engine); nothing to install"; exit 0; fi
 
+# the venv's own site-packages
+purelib() { "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV with $("$PYTHON" --version)"
   if [ "$engine" = host ]; then
     "$PYTHON" -m venv --system-site-packages "$VENV"
     # $PYTHON may itself be a venv (as on the GPU image): expose its site-packages too.
     "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
-      > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/host-site.pth"
+      > "$(purelib)/host-site.pth"
   else
     "$PYTHON" -m venv "$VENV"
   fi
@@ -62,7 +65,7 @@ esac
 # Byte-compile the venv once: uv writes no .pyc, and where PYTHONDONTWRITEBYTECODE is set (as on the CI image)
 # Python never caches them, so every process would compile torch and vLLM again (a CPU server's start: 106 s, 48 s
 # compiled). Files no Python 3 parses (some packages ship templates) fail to compile and stay lazily compiled.
-site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+site=$(purelib)
 echo "setup: byte-compiling $site"
 "$VENV/bin/python" -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
 "$VENV/bin/python" -c 'import vllm, slmserve' 2>/dev/null \
