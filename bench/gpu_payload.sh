@@ -33,9 +33,18 @@ case "$mode" in
     tar xf /tmp/payload/wheels.tar -C /tmp/payload/vllm && rm /tmp/payload.tar /tmp/payload/wheels.tar
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vllm-site \
       /tmp/payload/vllm/*.whl
-    # byte-compiled once here (16 cores) rather than by each server process; a file no Python 3 parses stays lazy
-    t0=$(date +%s); python3 -m compileall -q -j 0 /tmp/vllm-site >/dev/null 2>&1 || true
-    echo "byte-compiled /tmp/vllm-site in $(( $(date +%s) - t0 )) s"
+    # byte-compiled once here (16 cores) rather than by each server process, since the image sets
+    # PYTHONDONTWRITEBYTECODE=1; the image's own packages too where it lacks their .pyc
+    img=$(python3 -c 'import importlib.util as u
+for n in ("torch", "transformers", "triton", "huggingface_hub", "numpy"):
+    s = u.find_spec(n)
+    if s and s.submodule_search_locations: print(s.submodule_search_locations[0])')
+    for d in /tmp/vllm-site $img; do
+      before=$(find "$d" -name '*.pyc' | wc -l)
+      t0=$(date +%s); [ -w "$d" ] && { python3 -m compileall -q -j 0 "$d" >/dev/null 2>&1 || true; }
+      echo "byte-compiled $d in $(( $(date +%s) - t0 )) s: $(find "$d" -name '*.py' | wc -l) modules," \
+        ".pyc $before before, $(find "$d" -name '*.pyc' | wc -l) after"
+    done
     echo "installed $(ls /tmp/payload/vllm | wc -l) vLLM wheels into /tmp/vllm-site; Snakemake, polars and" \
       "the prompts are in /tmp/payload for bench/gpu_dag.sh";;
   *) echo "unknown mode $mode (pack, stash, install)" >&2; exit 2;;
