@@ -19,15 +19,18 @@ Every client warms up with the same requests first. A response counts as complet
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io as _io
 import json
 import math
 import os
+import queue
 import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -40,6 +43,7 @@ import polars as pl
 from slmserve import analysis, io, loadgen, runner, stats
 from slmserve.loadgen import LoadSpec, run_load_async, to_frame
 from slmserve.measure import lag_threshold_s, until_server_dies
+from slmserve.server import pdeathsig
 
 SUBJECT = "slmserve"
 VLLM_BENCH = "vllm-bench"
@@ -327,10 +331,32 @@ def bench_command(
     result_file: str,
     python: str = sys.executable,
 ) -> list[str]:
-    """``vllm bench serve`` with token-id prompts and no tokenizer (see the module docstring)."""
-    extra = {"max_tokens": output_len, "ignore_eos": True}
+    """``vllm bench serve`` with token-id prompts and no tokenizer (see the module docstring), as a process."""
     return [
         python, "-O", "-c", BENCH_LAUNCHER,  # -O: see BENCH_LAUNCHER
+        *bench_args(
+            base_url=base_url, model=model, dataset=dataset, n=n, output_len=output_len, concurrency=concurrency,
+            warmup=warmup, result_dir=result_dir, result_file=result_file,
+        ),
+    ]  # fmt: skip
+
+
+def bench_args(
+    *,
+    base_url: str,
+    model: str,
+    dataset: Path,
+    n: int,
+    output_len: int,
+    concurrency: int,
+    warmup: int,
+    result_dir: Path,
+    result_file: str,
+) -> list[str]:
+    """The arguments of ``vllm bench serve`` for one run, for a process (:func:`bench_command`) or a
+    :class:`BenchWorker` alike."""
+    extra = {"max_tokens": output_len, "ignore_eos": True}
+    return [
         "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
         "--model", model, "--served-model-name", model,
         "--skip-tokenizer-init",
@@ -419,6 +445,90 @@ def fill_bench_windows(rows: Sequence[Mapping[str, Any]], workdir: Path, output_
     return out
 
 
+_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+WORKER_SCRIPT = Path(__file__).with_name("vllm_bench_worker.py")
+
+
+class BenchWorker:
+    """One ``vllm bench serve`` process that runs many times (``bench/vllm_bench_worker.py``): vLLM is imported
+    once, at :meth:`start`, instead of once per run. A run is vLLM's own ``main`` on the arguments a separate
+    process gets (:func:`bench_args`); what it measures is timed inside it, so only the wall time between runs
+    changes. Use it as a context manager; the process ends at :meth:`close`, and with the process that started
+    it (``PR_SET_PDEATHSIG`` and the end of its stdin)."""
+
+    def __init__(self, log_path: Path, python: str = sys.executable, ready_timeout_s: float = 900.0) -> None:
+        self.log_path, self.python, self.ready_timeout_s = log_path, python, ready_timeout_s
+        self._proc: subprocess.Popen[str] | None = None
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._ready = False
+
+    def start(self) -> BenchWorker:
+        """Start the process; it imports vLLM meanwhile (waited for at the first :meth:`run`)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._lines, self._ready = queue.Queue(), False
+        with self.log_path.open("w") as log:
+            self._proc = subprocess.Popen(
+                [self.python, "-O", str(WORKER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, text=True, env={**os.environ, **_OFFLINE}, preexec_fn=pdeathsig,
+            )  # fmt: skip
+        threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()
+        return self
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)  # end of output: the process ended
+
+    def _answer(self, timeout_s: float, what: str) -> dict[str, Any]:
+        try:
+            line = self._lines.get(timeout=timeout_s)
+        except queue.Empty:
+            self.close(grace_s=0)  # hung: no end of stdin will be read
+            why = f"vllm bench serve worker: no {what} in {timeout_s:.0f} s (log: {self.log_path})"
+            raise BenchUnavailable(why) from None
+        if line is None:
+            code = self._proc.wait() if self._proc else None
+            raise BenchUnavailable(f"{_why(self.log_path)} (worker exit code {code}; log: {self.log_path})")
+        return json.loads(line)
+
+    def run(self, argv: Sequence[str], log_path: Path, timeout_s: float) -> None:
+        """One run of ``vllm bench serve`` on ``argv``, its output in ``log_path``. Raises
+        :class:`BenchUnavailable` if the worker cannot start, the run fails, or it takes over ``timeout_s``."""
+        if self._proc is None:
+            self.start()
+        assert self._proc is not None and self._proc.stdin is not None
+        if not self._ready:
+            self._answer(self.ready_timeout_s, "import of vLLM")
+            self._ready = True
+        try:
+            self._proc.stdin.write(json.dumps({"argv": list(argv), "log": str(log_path)}) + "\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            self._lines.put(None)
+        answer = self._answer(timeout_s, "result")
+        if answer.get("rc") != 0:
+            raise BenchUnavailable(f"{answer.get('error')} (log: {log_path})")
+
+    def close(self, grace_s: float = 10.0) -> None:
+        """End the process: the end of its stdin, then SIGKILL if it has not gone in ``grace_s``."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> BenchWorker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def vllm_bench_client(
     *,
     base_url: str,
@@ -431,30 +541,38 @@ def vllm_bench_client(
     tag: str,
     timeout_s: float = 3600.0,
     python: str = sys.executable,
+    worker: BenchWorker | None = None,
 ) -> RunResult:
-    """Run ``vllm bench serve`` once (a subprocess, offline: ``HF_HUB_OFFLINE=1``); its output goes to
-    ``workdir/tag.log``. Raises :class:`BenchUnavailable` if it does not produce a result."""
+    """Run ``vllm bench serve`` once, offline (``HF_HUB_OFFLINE=1``): a process of its own, or a run of
+    ``worker``; its output goes to ``workdir/tag.log``. Raises :class:`BenchUnavailable` if it does not produce
+    a result."""
     dataset = workdir / f"prompts-in{len(prompts[0])}-n{len(prompts)}.jsonl"
     write_bench_prompts(dataset, prompts)
     result_file = f"{tag}.json"
     (workdir / result_file).unlink(missing_ok=True)
-    cmd = bench_command(
+    argv = bench_args(
         base_url=base_url, model=model, dataset=dataset, n=len(prompts), output_len=output_len,
-        concurrency=concurrency, warmup=warmup, result_dir=workdir, result_file=result_file, python=python,
+        concurrency=concurrency, warmup=warmup, result_dir=workdir, result_file=result_file,
     )  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     log_path = workdir / f"{tag}.log"
-    with log_path.open("w") as log:
-        log.write("# " + " ".join(cmd) + "\n")
-        log.flush()
-        try:
-            proc = subprocess.run(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=timeout_s
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BenchUnavailable(f"vllm bench serve timed out after {timeout_s:.0f} s (log: {log_path})") from exc
-    if proc.returncode != 0 or not (workdir / result_file).exists():
-        raise BenchUnavailable(f"{_why(log_path)} (exit code {proc.returncode}; log: {log_path})")
+    if worker is not None:
+        log_path.write_text("# vllm bench serve (worker) " + " ".join(argv) + "\n")
+        worker.run(argv, log_path, timeout_s)
+        code = 0
+    else:
+        cmd = [python, "-O", "-c", BENCH_LAUNCHER, *argv]  # -O: see BENCH_LAUNCHER
+        with log_path.open("w") as log:
+            log.write("# " + " ".join(cmd) + "\n")
+            log.flush()
+            try:
+                code = subprocess.run(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env={**os.environ, **_OFFLINE}, timeout=timeout_s,
+                ).returncode  # fmt: skip
+            except subprocess.TimeoutExpired as exc:
+                raise BenchUnavailable(f"vllm bench serve timed out after {timeout_s:.0f} s (log: {log_path})") from exc
+    if code != 0 or not (workdir / result_file).exists():
+        raise BenchUnavailable(f"{_why(log_path)} (exit code {code}; log: {log_path})")
     obj = json.loads((workdir / result_file).read_text())
     return parse_bench_result(obj, len(prompts), output_len)
 

@@ -14,6 +14,9 @@ with at most B in flight, 512 input and 256 output tokens, after the same warm-u
 mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a half-width of at most 2%
 (``agree``; ``differ`` where it excludes 1, else ``inconclusive``), and whether that CI lies within 0.98-1.02
 (``equivalent``).
+``vllm bench serve`` runs as a process of its own for every run (``--bench-process run``, as before the option
+existed), or every run in one process that imports vLLM once (``worker``, :class:`bench.fidelity.BenchWorker`:
+20-25 s less per run on an H200 host; what a run measures is timed inside vLLM's ``main`` either way).
 If ``vllm bench serve`` cannot run offline here, it is dropped (the reason is printed) and ``minimal`` becomes
 the reference; a later failure is recorded as a failed run.
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -84,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--clients", nargs="+", choices=fidelity.CLIENTS, default=list(fidelity.CLIENTS))
     ap.add_argument("--reference", choices=[VLLM_BENCH, MINIMAL], default=VLLM_BENCH)
     ap.add_argument("--tolerance", type=float, default=fidelity.TOLERANCE)
+    ap.add_argument("--bench-process", choices=["run", "worker"], default="run",
+                    help="vllm bench serve as a process of its own for every run (run), or every run in one process"
+                         " that imports vLLM once (worker: bench/vllm_bench_worker.py)")  # fmt: skip
     ap.add_argument("--no-stream", action="store_true", help="slmserve sends non-streaming requests")
     ap.add_argument("--stream-interval", type=int, default=16, help="server --stream-interval (config default)")
     ap.add_argument("--dtype", default="float16")
@@ -122,7 +129,13 @@ def sweep_job(args: argparse.Namespace) -> runner.SweepJob:
 
 
 def run_client(
-    client: str, srv: VllmServer, args: argparse.Namespace, prompts: list[list[int]], batch: int, tag: str
+    client: str,
+    srv: VllmServer,
+    args: argparse.Namespace,
+    prompts: list[list[int]],
+    batch: int,
+    tag: str,
+    worker: fidelity.BenchWorker | None = None,
 ) -> RunResult:
     warmup = runner.warmup_for(args.warmup_requests, batch, len(prompts))
     if client == SUBJECT:
@@ -141,10 +154,20 @@ def run_client(
         result = fidelity.vllm_bench_client(
             base_url=srv.base_url, model=args.served_name, prompts=prompts, output_len=args.output_len,
             concurrency=batch, warmup=warmup, workdir=args.out / "vllm-bench", tag=tag, timeout_s=args.run_timeout_s,
+            worker=worker,
         )  # fmt: skip
     if not srv.alive():
         raise RuntimeError(f"the vLLM server died during the {client} run {tag}")
     return result
+
+
+def bench_worker(
+    args: argparse.Namespace, clients: list[str]
+) -> contextlib.AbstractContextManager[fidelity.BenchWorker | None]:
+    """The process that runs every ``vllm bench serve`` run under ``--bench-process worker``, else nothing."""
+    if VLLM_BENCH in clients and args.bench_process == "worker":
+        return fidelity.BenchWorker(args.out / "vllm-bench" / "worker.log")
+    return contextlib.nullcontext()
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -203,7 +226,8 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
     rows: list[dict[str, Any]] = []
     job = sweep_job(args)
     batches = sorted(args.batch_sizes)
-    with VllmServer(runner.server_spec(job, alloc, max(batches), "fidelity")) as srv:
+    spec = runner.server_spec(job, alloc, max(batches), "fidelity")
+    with bench_worker(args, clients) as worker, VllmServer(spec) as srv:  # the worker imports as the server starts
         log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
 
         def document() -> dict[str, Any]:
@@ -222,7 +246,8 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
             for client in fidelity.turns(clients, repeat):
                 t = time.monotonic()
                 try:
-                    res = run_client(client, srv, args, prompts, batch, fidelity.run_tag(client, batch, repeat))
+                    tag = fidelity.run_tag(client, batch, repeat)
+                    res = run_client(client, srv, args, prompts, batch, tag, worker)
                 except BenchUnavailable as exc:
                     if bench["usable"]:  # it ran before: a failed run, recorded as one
                         print(f"vllm bench serve failed at batch {batch} repeat {repeat}: {exc}", flush=True)
@@ -302,6 +327,8 @@ def pool(out: Path, folders: list[Path], tolerance: float) -> int:
                                  " pool only runs of one workload against one reference")  # fmt: skip
     rows = [{**r, "source": str(folder)} for folder, _, runs in loaded for r in runs]
     sources = [{"folder": str(folder), "runs": len(runs),
+                # folders from before --bench-process ran vllm bench serve as a process a run
+                "bench_process": doc.get("settings", {}).get("bench_process", "run"),
                 **{k: doc.get("provenance", {}).get(k) for k in ("machine", "gpu_models", "git_sha", "created")}}
                for folder, doc, runs in loaded]  # fmt: skip
     summary = fidelity.summarize(rows, reference=want["reference"], tolerance=tolerance)

@@ -280,6 +280,57 @@ def test_vllm_bench_client_against_the_stand_in(server: Callable[..., RecordingS
     assert srv.max_active <= 2
 
 
+@requires_engine
+@pytest.mark.slow
+def test_bench_worker_runs_vllm_bench_many_times_in_one_process(
+    server: Callable[..., RecordingStandIn], tmp_path: Path
+) -> None:
+    """``--bench-process worker``: vLLM's own ``main`` run twice in one process, a refused run between them
+    reported without ending it, each run's output in its own log."""
+    srv = server(token_delay_s=0.001)
+    prompts = _prompts(6, length=9)
+    run = dict(base_url=srv.base_url, model=MODEL, prompts=prompts, output_len=5, warmup=2, workdir=tmp_path)
+    with fidelity.BenchWorker(tmp_path / "worker.log") as worker:
+        first = fidelity.vllm_bench_client(**run, concurrency=2, tag="a", timeout_s=300, worker=worker)
+        pid = worker._proc.pid
+        with pytest.raises(fidelity.BenchUnavailable, match=r"SystemExit: 2 \(log: .*bad.log\)"):
+            worker.run(["--no-such-option"], tmp_path / "bad.log", timeout_s=60)
+        assert "unrecognized arguments: --no-such-option" in (tmp_path / "bad.log").read_text()
+        second = fidelity.vllm_bench_client(**run, concurrency=3, tag="b", timeout_s=300, worker=worker)
+        assert worker._proc.pid == pid
+    assert worker._proc is None
+    for res in (first, second):
+        assert (res.client, res.n, res.ok, res.error, res.output_tokens) == ("vllm-bench", 6, 6, None, 30)
+    assert json.loads((tmp_path / "b.json").read_text())["max_concurrency"] == 3
+    assert "Serving Benchmark Result" in (tmp_path / "a.log").read_text()
+    assert "Serving Benchmark Result" not in (tmp_path / "worker.log").read_text()
+
+
+def test_bench_worker_that_cannot_start_says_why(tmp_path: Path) -> None:
+    """A Python without vLLM: the worker's exception line, as for a separate process."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'vllm'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    worker = fidelity.BenchWorker(tmp_path / "w.log", python=str(fake))
+    with worker, pytest.raises(fidelity.BenchUnavailable) as err:
+        worker.run(["--help"], tmp_path / "r.log", timeout_s=30)
+    assert (
+        str(err.value) == f"ModuleNotFoundError: No module named 'vllm' (worker exit code 1; log: {tmp_path / 'w.log'})"
+    )
+
+
+def test_bench_worker_gives_up_on_a_silent_process(tmp_path: Path) -> None:
+    """No answer within the timeout: the process is ended and the run fails."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    worker = fidelity.BenchWorker(tmp_path / "w.log", python=str(fake), ready_timeout_s=0.5).start()
+    proc = worker._proc
+    with pytest.raises(fidelity.BenchUnavailable, match=r"no import of vLLM in 0 s"):
+        worker.run(["--help"], tmp_path / "r.log", timeout_s=30)
+    assert proc.poll() is not None and worker._proc is None
+
+
 def test_vllm_bench_failure_is_reported(tmp_path: Path) -> None:
     """A Python without vLLM: the reason is the exception line of its output, not nanobind's leak report."""
     out = tmp_path / "stderr.txt"
@@ -480,7 +531,7 @@ def test_pool_pairs_each_repeat_within_its_own_machine(tmp_path: Path, capsys) -
                                                                                       (speed + i) * 0.99))]  # fmt: skip
 
     a = _measured(tmp_path / "m1", runs(50.0), "h200-a")
-    b = _measured(tmp_path / "m2", runs(40.0), "h200-b")
+    b = _measured(tmp_path / "m2", runs(40.0), "h200-b", bench_process="worker")
     out = tmp_path / "pooled"
     assert harness_fidelity.main(["--out", str(out), "--pool", str(a), str(b)]) == 0
     doc = json.loads((out / "fidelity.json").read_text())
@@ -491,6 +542,7 @@ def test_pool_pairs_each_repeat_within_its_own_machine(tmp_path: Path, capsys) -
     assert (batch["paired_verdict"], batch["paired_equivalent"]) == ("differ", True)
     assert batch["ratio_ci_hi"] - batch["ratio_ci_lo"] > 0.05  # unpaired, the two machines' speeds widen it
     assert [s["machine"] for s in doc["sources"]] == ["h200-a", "h200-b"] and doc["sources"][0]["runs"] == 6
+    assert [s["bench_process"] for s in doc["sources"]] == ["run", "worker"]  # a folder without it ran processes
     with (out / "fidelity.csv").open() as fh:
         got = list(csv.DictReader(fh))
     assert next(iter(got[0])) == "source" and {r["source"] for r in got} == {str(a), str(b)} and len(got) == 12
@@ -523,6 +575,13 @@ def test_requests_per_batch_and_their_errors() -> None:
                       (["1=8", "1=9"], "batch 1 given twice"), (["b=8"], "batch")):  # fmt: skip
         with pytest.raises(ValueError, match=says):
             fidelity.parse_requests(bad)
+
+
+def test_bench_process_is_a_process_a_run_unless_asked() -> None:
+    assert harness_fidelity.parse_args(["--out", "x"]).bench_process == "run"
+    assert harness_fidelity.parse_args(["--out", "x", "--bench-process", "worker"]).bench_process == "worker"
+    with pytest.raises(SystemExit):
+        harness_fidelity.parse_args(["--out", "x", "--bench-process", "thread"])
 
 
 def test_requests_reach_the_command_line_parsed() -> None:
