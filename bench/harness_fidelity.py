@@ -308,7 +308,8 @@ POOL_SAME = ("model_path", "requests", "input_len", "output_len", "warmup_reques
 
 def _workload(doc: dict[str, Any]) -> dict[str, Any]:
     """What a measuring run's ``fidelity.json`` must share with another's to be pooled with it."""
-    return {"reference": doc.get("reference"), **{k: doc.get("settings", {}).get(k) for k in POOL_SAME}}
+    return {"subject": doc.get("subject", SUBJECT), "reference": doc.get("reference"),
+            **{k: doc.get("settings", {}).get(k) for k in POOL_SAME}}  # fmt: skip
 
 
 def pool(out: Path, folders: list[Path], tolerance: float) -> int:
@@ -331,7 +332,8 @@ def pool(out: Path, folders: list[Path], tolerance: float) -> int:
                 "bench_process": doc.get("settings", {}).get("bench_process", "run"),
                 **{k: doc.get("provenance", {}).get(k) for k in ("machine", "gpu_models", "git_sha", "created")}}
                for folder, doc, runs in loaded]  # fmt: skip
-    summary = fidelity.summarize(rows, reference=want["reference"], tolerance=tolerance)
+    subject = head_doc.get("subject", SUBJECT)  # bench/bench_worker_check.py judges another subject
+    summary = fidelity.summarize(rows, subject=subject, reference=want["reference"], tolerance=tolerance)
     doc = {**summary, "sources": sources, "settings": head_doc.get("settings", {})}
     out.mkdir(parents=True, exist_ok=True)
     fidelity.write_outputs(out, rows, doc, columns=("source", *fidelity.CSV_COLUMNS))

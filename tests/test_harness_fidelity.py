@@ -549,6 +549,26 @@ def test_pool_pairs_each_repeat_within_its_own_machine(tmp_path: Path, capsys) -
     assert "paired by repeat (n=6)" in capsys.readouterr().out
 
 
+def test_pool_judges_the_subject_its_folders_judged(tmp_path: Path) -> None:
+    """bench/bench_worker_check.py's folders (the worker against a process a run) pool as what they judged."""
+    folders = []
+    for name, speed in (("c1", 0.5), ("c2", 0.6)):
+        rows = [
+            r for i in (0, 1) for r in (_row(8, i, "vllm-bench", speed), _row(8, i, "vllm-bench-worker", speed * 1.01))
+        ]
+        doc = {**fidelity.summarize(rows, subject="vllm-bench-worker", reference="vllm-bench"), "settings": {},
+               "provenance": {"machine": name}}  # fmt: skip
+        fidelity.write_outputs(tmp_path / name, rows, doc)
+        folders.append(str(tmp_path / name))
+    assert harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", *folders]) == 0
+    doc = json.loads((tmp_path / "p" / "fidelity.json").read_text())
+    assert (doc["subject"], doc["reference"]) == ("vllm-bench-worker", "vllm-bench")
+    assert doc["batches"][0]["paired_n"] == 4 and doc["batches"][0]["paired_ratio"] == pytest.approx(1.01)
+    mixed = _measured(tmp_path / "m", [_row(8, 0, "vllm-bench", 0.5), _row(8, 0, "slmserve", 0.5)], "h200-a")
+    with pytest.raises(SystemExit, match="subject is 'slmserve'"):
+        harness_fidelity.main(["--out", str(tmp_path / "q"), "--pool", folders[0], str(mixed)])
+
+
 def test_pool_refuses_runs_of_different_workloads(tmp_path: Path) -> None:
     rows = [_row(64, 0, "vllm-bench", 50.0), _row(64, 0, "slmserve", 50.0)]
     a = _measured(tmp_path / "m1", rows, "h200-a")
