@@ -333,12 +333,17 @@ def bench_command(
 ) -> list[str]:
     """``vllm bench serve`` with token-id prompts and no tokenizer (see the module docstring), as a process."""
     return [
-        python, "-O", "-c", BENCH_LAUNCHER,  # -O: see BENCH_LAUNCHER
+        *bench_launcher(python),
         *bench_args(
             base_url=base_url, model=model, dataset=dataset, n=n, output_len=output_len, concurrency=concurrency,
             warmup=warmup, result_dir=result_dir, result_file=result_file,
         ),
     ]  # fmt: skip
+
+
+def bench_launcher(python: str = sys.executable) -> list[str]:
+    """The command line before the arguments of a ``vllm bench serve`` process (-O: see :data:`BENCH_LAUNCHER`)."""
+    return [python, "-O", "-c", BENCH_LAUNCHER]
 
 
 def bench_args(
@@ -560,7 +565,7 @@ def vllm_bench_client(
         worker.run(argv, log_path, timeout_s)
         code = 0
     else:
-        cmd = [python, "-O", "-c", BENCH_LAUNCHER, *argv]  # -O: see BENCH_LAUNCHER
+        cmd = [*bench_launcher(python), *argv]
         with log_path.open("w") as log:
             log.write("# " + " ".join(cmd) + "\n")
             log.flush()
