@@ -16,7 +16,8 @@ mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a ha
 (``equivalent``).
 ``vllm bench serve`` runs as a process of its own for every run (``--bench-process run``, as before the option
 existed), or every run in one process that imports vLLM once (``worker``, :class:`bench.fidelity.BenchWorker`:
-20-25 s less per run on an H200 host; what a run measures is timed inside vLLM's ``main`` either way).
+20-25 s less per run on an H200 host; but on the CPU engine its runs measured 0.9824 [0.9653, 0.9994] of a
+process's, ``bench/bench_worker_check.py``, so the two are not pooled).
 If ``vllm bench serve`` cannot run offline here, it is dropped (the reason is printed) and ``minimal`` becomes
 the reference; a later failure is recorded as a failed run.
 
