@@ -318,27 +318,10 @@ def write_bench_prompts(path: Path, prompts: Sequence[Sequence[int]]) -> None:
     io.atomic_write_text(path, "".join(json.dumps({"prompt": list(p)}) + "\n" for p in prompts))
 
 
-def bench_command(
-    *,
-    base_url: str,
-    model: str,
-    dataset: Path,
-    n: int,
-    output_len: int,
-    concurrency: int,
-    warmup: int,
-    result_dir: Path,
-    result_file: str,
-    python: str = sys.executable,
-) -> list[str]:
-    """``vllm bench serve`` with token-id prompts and no tokenizer (see the module docstring), as a process."""
-    return [
-        *bench_launcher(python),
-        *bench_args(
-            base_url=base_url, model=model, dataset=dataset, n=n, output_len=output_len, concurrency=concurrency,
-            warmup=warmup, result_dir=result_dir, result_file=result_file,
-        ),
-    ]  # fmt: skip
+def bench_command(*, python: str = sys.executable, **args: Any) -> list[str]:
+    """``vllm bench serve`` with token-id prompts and no tokenizer (see the module docstring), as a process:
+    :func:`bench_launcher` then :func:`bench_args` of ``args``."""
+    return [*bench_launcher(python), *bench_args(**args)]
 
 
 def bench_launcher(python: str = sys.executable) -> list[str]:
