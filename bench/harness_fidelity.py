@@ -16,7 +16,7 @@ mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a ha
 (``equivalent``).
 ``vllm bench serve`` runs as a process of its own for every run (``--bench-process run``, as before the option
 existed), or every run in one process that imports vLLM once (``worker``, :class:`bench.fidelity.BenchWorker`:
-20-25 s less per run on an H200 host; but on the CPU engine its runs measured 0.9824 [0.9653, 0.9994] of a
+20-25 s less per run on an H200 host; but on the CPU engine its runs measured 0.9824 [0.9684, 0.9965] of a
 process's, ``bench/bench_worker_check.py``, so the two are not pooled).
 If ``vllm bench serve`` cannot run offline here, it is dropped (the reason is printed) and ``minimal`` becomes
 the reference; a later failure is recorded as a failed run.
@@ -309,8 +309,10 @@ POOL_SAME = ("model_path", "requests", "input_len", "output_len", "warmup_reques
 
 def _workload(doc: dict[str, Any]) -> dict[str, Any]:
     """What a measuring run's ``fidelity.json`` must share with another's to be pooled with it."""
-    return {"subject": doc.get("subject", SUBJECT), "reference": doc.get("reference"),
-            **{k: doc.get("settings", {}).get(k) for k in POOL_SAME}}  # fmt: skip
+    same = {k: doc.get("settings", {}).get(k) for k in POOL_SAME}
+    if same["model_path"] is not None:  # a run names it as it was typed, absolute or relative: the model is its folder
+        same["model_path"] = Path(same["model_path"]).name
+    return {"subject": doc.get("subject", SUBJECT), "reference": doc.get("reference"), **same}
 
 
 def pool(out: Path, folders: list[Path], tolerance: float) -> int:

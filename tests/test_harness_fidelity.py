@@ -575,6 +575,11 @@ def test_pool_refuses_runs_of_different_workloads(tmp_path: Path) -> None:
     b = _measured(tmp_path / "m2", rows, "h200-b", requests=500)
     with pytest.raises(SystemExit, match=r"m2/fidelity.json: requests is 500, .*m1 has 1000"):
         harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", str(a), str(b)])
+    other = _measured(tmp_path / "m3", rows, "h200-c", model_path="/repo/config/models/opt-125m")
+    with pytest.raises(SystemExit, match=r"model_path is 'opt-125m', .*m1 has 'opt-1\.3b'"):
+        harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", str(a), str(other)])
+    same = _measured(tmp_path / "m4", rows, "h200-d", model_path="/repo/config/models/opt-1.3b")
+    assert harness_fidelity.main(["--out", str(tmp_path / "q"), "--pool", str(a), str(same)]) == 0
     with pytest.raises(SystemExit, match="must both exist"):
         harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", str(a), str(tmp_path / "none")])
     with pytest.raises(SystemExit):  # argparse: --judge and --pool together
