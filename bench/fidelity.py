@@ -10,7 +10,9 @@ output tokens with ``ignore_eos``), three clients take turns and their throughpu
   ``max_tokens``/``ignore_eos`` forced through ``--extra-body``; it always streams and needs pandas.
   :data:`BENCH_LAUNCHER` stands in for the ``vllm`` console script, which the CPU wheel breaks, and runs
   under ``python -O`` (vLLM 0.26.0 asserts a tokenizer even under ``--skip-tokenizer-init``);
-* ``minimal``: a non-streaming aiohttp client with a semaphore (:func:`minimal_client`).
+* ``minimal``: a non-streaming aiohttp client with a semaphore (:func:`minimal_client`);
+* ``server-cap`` (only when asked for): the load generator without a client-side cap, every request sent at
+  once so that the server's ``--max-num-seqs`` holds the batch, as under ``batch_control: restart``.
 
 Every client warms up with the same requests first. A response counts as completed only with
 ``usage.completion_tokens == max_tokens``. Throughput is defined once, in :class:`RunResult`.
@@ -48,7 +50,9 @@ from slmserve.server import pdeathsig
 SUBJECT = "slmserve"
 VLLM_BENCH = "vllm-bench"
 MINIMAL = "minimal"
-CLIENTS = (SUBJECT, VLLM_BENCH, MINIMAL)
+SERVER_CAP = "server-cap"
+CLIENTS = (SUBJECT, VLLM_BENCH, MINIMAL, SERVER_CAP)
+DEFAULT_CLIENTS = (SUBJECT, VLLM_BENCH, MINIMAL)
 TOLERANCE = 0.02
 
 CSV_COLUMNS = (
@@ -269,9 +273,11 @@ def slmserve_spec(
     *,
     warmup_requests: int = 8,
     stream: bool = True,
+    client_cap: bool = True,
 ) -> LoadSpec:
     """The :class:`LoadSpec` that :func:`slmserve.runner.load_spec` builds for ``batch_control: client`` at
-    an infinite arrival rate (the whole batch in flight, the client holding it at ``batch``)."""
+    an infinite arrival rate (the whole batch in flight, the client holding it at ``batch``).
+    Without ``client_cap``: ``batch_control: restart``'s load, the server's ``--max-num-seqs`` holding the batch."""
     n = len(prompts)
     return LoadSpec(
         base_url=base_url,
@@ -280,16 +286,17 @@ def slmserve_spec(
         request_ids=list(range(n)),
         output_len=output_len,
         rate=math.inf,
-        concurrency=batch,
+        concurrency=batch if client_cap else None,
         seed=0,
         stream=stream,
         warmup=runner.warmup_for(warmup_requests, batch, n),
-        lag_threshold_s=lag_threshold_s(min(n, batch)),
+        lag_threshold_s=lag_threshold_s(min(n, batch)) if client_cap else lag_threshold_s(n),
     )
 
 
-async def slmserve_client(spec: LoadSpec) -> RunResult:
-    """Run the load generator; throughput and window as :func:`slmserve.analysis.request_metrics`."""
+async def slmserve_client(spec: LoadSpec, client: str = SUBJECT) -> RunResult:
+    """Run the load generator; throughput and window as :func:`slmserve.analysis.request_metrics`; the
+    result's client is ``client``."""
     result = await run_load_async(spec)
     frame = to_frame(result)
     m = analysis.request_metrics(frame)
@@ -298,7 +305,7 @@ async def slmserve_client(spec: LoadSpec) -> RunResult:
     if bad.height:
         errors.append(f"{bad.height} responses with completion_tokens != {spec.output_len}")
     return RunResult(
-        client=SUBJECT,
+        client=client,
         n=len(result.records),
         ok=m["n_ok"] - bad.height,
         duration_s=m["duration_s"],
@@ -645,7 +652,9 @@ def summarize(
     repeat by repeat (:func:`_paired`): ``paired_ratio`` (the mean of the repeats' ratios, not a ratio of
     means), ``paired_n``, ``paired_ci_lo``/``paired_ci_hi``, ``paired_verdict`` and ``paired_equivalent``
     (``all_paired_equivalent``), ``paired_sd`` (the SD of the repeats' ratios) and ``paired_n_needed``, the
-    pairs a CI of ``± tolerance`` would take at that SD (:func:`slmserve.stats.repeats_for`, a plan). A run
+    pairs a CI of ``± tolerance`` would take at that SD (:func:`slmserve.stats.repeats_for`, a plan);
+    ``paired_vs`` holds the same pairing against every other client at the batch (``ratio``, ``n``, ``ci_lo``,
+    ``ci_hi``, ``sd``, ``verdict``, ``equivalent``), on its window where it has one. A run
     with throughput ``None`` (nothing completed) is left out of the means; ``all_ok`` says whether every
     request of every run of the client completed."""
     batches: list[dict[str, Any]] = []
@@ -674,6 +683,13 @@ def summarize(
         ratio = ratios.get(reference) if ratio is None else ratio
         ci = stats.ratio_ci(*(_values(at, name, key) for name in (subject, reference)))
         paired = _paired(at, subject, reference, key)
+        paired_vs = {}
+        for name in clients:
+            if name == subject:
+                continue
+            pair = _paired(at, subject, name, "window_rps" if window_ratios.get(name) is not None else "throughput_rps")
+            paired_vs[name] = {"ratio": pair["mean"], **{k: pair[k] for k in ("n", "ci_lo", "ci_hi", "sd")},
+                               **_judgement("", pair, tolerance)}  # fmt: skip
         batches.append(
             {
                 "batch": batch,
@@ -695,6 +711,7 @@ def summarize(
                 "ratios": ratios,
                 "within": within,
                 "window_ratios": window_ratios,
+                "paired_vs": paired_vs,
             }
         )
     return {

@@ -2,7 +2,7 @@
 
     python bench/harness_fidelity.py --out DIR [--prompts results/quick/data/prompts-in512-n500.parquet]
         [--batch-sizes 1 64 512] [--repeats 3] [--requests N | B=N ...] [--interleave]
-        [--clients slmserve vllm-bench minimal]
+        [--clients slmserve vllm-bench minimal [server-cap]]   (server-cap: one --batch-sizes value)
     python bench/harness_fidelity.py --out DIR --judge          (judge DIR's runs again)
     python bench/harness_fidelity.py --out DIR --pool DIR1 DIR2 (judge several machines' runs as one sample)
 
@@ -14,6 +14,9 @@ with at most B in flight, 512 input and 256 output tokens, after the same warm-u
 mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a half-width of at most 2%
 (``agree``; ``differ`` where it excludes 1, else ``inconclusive``), and whether that CI lies within 0.98-1.02
 (``equivalent``).
+``server-cap`` (asked for in ``--clients``) is the load generator with no client-side cap, every request sent at
+once so that the server's ``--max-num-seqs`` holds the batch (``batch_control: restart``); it is judged paired
+against ``slmserve`` and so needs a single batch size, the one the server's cap equals.
 ``vllm bench serve`` runs as a process of its own for every run (``--bench-process run``, as before the option
 existed), or every run in one process that imports vLLM once (``worker``, :class:`bench.fidelity.BenchWorker`:
 20-25 s less per run on an H200 host; but on the CPU engine its runs measured 0.9824 [0.9684, 0.9965] of a
@@ -49,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from bench import fidelity
-from bench.fidelity import MINIMAL, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
+from bench.fidelity import MINIMAL, SERVER_CAP, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
 from slmserve import provenance, runner
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.measure import batch_fits
@@ -86,7 +89,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--input-len", type=int, default=512, help="prompt tokens (prompts are cut to this)")
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--warmup-requests", type=int, default=8)
-    ap.add_argument("--clients", nargs="+", choices=fidelity.CLIENTS, default=list(fidelity.CLIENTS))
+    ap.add_argument("--clients", nargs="+", choices=fidelity.CLIENTS, default=list(fidelity.DEFAULT_CLIENTS),
+                    help="clients to run (default: slmserve vllm-bench minimal); server-cap: slmserve with no"
+                         " client-side cap, the server's --max-num-seqs holding the batch"
+                         " (one --batch-sizes value)")  # fmt: skip
     ap.add_argument("--reference", choices=[VLLM_BENCH, MINIMAL], default=VLLM_BENCH)
     ap.add_argument("--tolerance", type=float, default=fidelity.TOLERANCE)
     ap.add_argument("--bench-process", choices=["run", "worker"], default="run",
@@ -105,6 +111,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--judge and --pool: give one (--judge rewrites OUT, --pool writes OUT from other folders)")
     if SUBJECT not in args.clients or len(args.clients) < 2:
         ap.error(f"--clients needs {SUBJECT} and at least one reference client")
+    if SERVER_CAP in args.clients and len(set(args.batch_sizes)) != 1:
+        ap.error(
+            "--clients server-cap needs one --batch-sizes value: the server's --max-num-seqs is the largest"
+            " batch, so only there does it hold the batch (a smaller one would need the scheduler cap)"
+        )
     if args.reference not in args.clients:
         args.reference = MINIMAL if MINIMAL in args.clients else VLLM_BENCH
     if args.input_len + args.output_len > args.max_model_len:
@@ -145,6 +156,12 @@ def run_client(
             warmup_requests=args.warmup_requests, stream=not args.no_stream,
         )  # fmt: skip
         result = asyncio.run(fidelity.guarded(fidelity.slmserve_client(spec), srv.alive))
+    elif client == SERVER_CAP:
+        spec = fidelity.slmserve_spec(
+            srv.base_url, args.served_name, prompts, args.output_len, batch,
+            warmup_requests=args.warmup_requests, stream=not args.no_stream, client_cap=False,
+        )  # fmt: skip
+        result = asyncio.run(fidelity.guarded(fidelity.slmserve_client(spec, client=SERVER_CAP), srv.alive))
     elif client == MINIMAL:
         coro = fidelity.minimal_client(
             srv.base_url, args.served_name, prompts, args.output_len, batch, warmup=warmup,
@@ -202,6 +219,10 @@ def print_summary(summary: dict[str, Any]) -> None:
                       b["equivalent"], tol), flush=True)  # fmt: skip
         print(_judged(f"paired by repeat (n={b['paired_n']})", b["paired_ratio"], b["paired_ci_lo"],
                       b["paired_ci_hi"], b["paired_verdict"], b["paired_equivalent"], tol), flush=True)  # fmt: skip
+        for name, v in b.get("paired_vs", {}).items():
+            if name != b["reference"]:
+                print(_judged(f"paired /{name} (n={v['n']})", v["ratio"], v["ci_lo"], v["ci_hi"], v["verdict"],
+                              v["equivalent"], tol), flush=True)  # fmt: skip
         if b.get("paired_sd") is not None:
             needed = b.get("paired_n_needed")
             plan = f"{needed} pairs" if needed else "more pairs than can be planned"

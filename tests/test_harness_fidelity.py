@@ -183,6 +183,14 @@ def test_slmserve_spec_is_the_runners_client_batch_control() -> None:
     assert (one.concurrency, one.warmup, one.lag_threshold_s, one.stream) == (1, 8, 0.010, False)
 
 
+def test_server_cap_spec_leaves_the_batch_to_the_server() -> None:
+    capped = fidelity.slmserve_spec("http://x", MODEL, _prompts(100), 256, 64, warmup_requests=8, client_cap=True)
+    free = fidelity.slmserve_spec("http://x", MODEL, _prompts(100), 256, 64, warmup_requests=8, client_cap=False)
+    assert capped.concurrency == 64 and free.concurrency is None  # batch_control: restart's load
+    assert free.lag_threshold_s == pytest.approx(0.050)  # all 100 requests sent at t0
+    assert (free.warmup, free.request_ids, free.stream) == (capped.warmup, capped.request_ids, capped.stream)
+
+
 def test_slmserve_client_throughput_is_the_projects(server: Callable[..., RecordingStandIn]) -> None:
     srv = server(token_delay_s=0.002)
     spec = fidelity.slmserve_spec(srv.base_url, MODEL, _prompts(12), 6, 4, warmup_requests=2)
@@ -195,6 +203,10 @@ def test_slmserve_client_throughput_is_the_projects(server: Callable[..., Record
     # the same definition as the analysis of a workflow run
     direct = analysis.request_metrics(to_frame(run_load(spec)))
     assert direct["n_ok"] == 12 and direct["throughput_rps"] == pytest.approx(12 / direct["duration_s"])
+    # server-cap: the same generator with no client-side cap, all 12 in flight at once, under its own name
+    free = fidelity.slmserve_spec(srv.base_url, MODEL, _prompts(12), 6, 4, warmup_requests=2, client_cap=False)
+    capless = asyncio.run(fidelity.slmserve_client(free, client=fidelity.SERVER_CAP))
+    assert (capless.client, capless.ok, capless.peak_inflight) == ("server-cap", 12, 12)
 
 
 # --- vllm bench serve ------------------------------------------------------------------------------
@@ -433,6 +445,29 @@ def test_summary_pairs_the_clients_repeat_by_repeat() -> None:
     assert lone["all_paired_equivalent"] is False
 
 
+def test_summary_pairs_the_subject_with_every_other_client() -> None:
+    # within each repeat: slmserve 100, server-cap 100 * 1.02, vllm-bench 100 * 1.01, minimal 100 * 0.99
+    rows = [r for i, s in enumerate([90.0, 100.0, 110.0])
+            for r in (_row(512, i, "slmserve", s), _row(512, i, "server-cap", s * 1.02),
+                      _row(512, i, "vllm-bench", s * 1.01), _row(512, i, "minimal", s * 0.99))]  # fmt: skip
+    (b,) = fidelity.summarize(rows, reference="vllm-bench")["batches"]
+    assert sorted(b["paired_vs"]) == ["minimal", "server-cap", "vllm-bench"]
+    assert b["paired_vs"]["server-cap"]["ratio"] == pytest.approx(1 / 1.02)
+    assert b["paired_vs"]["minimal"]["ratio"] == pytest.approx(1 / 0.99)
+    assert all(v["n"] == 3 and v["sd"] == pytest.approx(0.0, abs=1e-12) for v in b["paired_vs"].values())
+    assert (b["paired_vs"]["server-cap"]["verdict"], b["paired_vs"]["server-cap"]["equivalent"]) == ("differ", True)
+    ref = b["paired_vs"]["vllm-bench"]
+    assert ref["ratio"] == b["paired_ratio"] and (ref["ci_lo"], ref["ci_hi"]) == (b["paired_ci_lo"], b["paired_ci_hi"])
+    assert (ref["verdict"], ref["equivalent"], ref["n"]) == (b["paired_verdict"], b["paired_equivalent"], b["paired_n"])
+    # a client with windows is paired on them: server-cap's window reads 100 / 102 of slmserve's too
+    windowed = [{**r, "window_rps": r["throughput_rps"] * (1.0 if r["client"] == "server-cap" else 1.02)}
+                for r in rows if r["client"] in ("slmserve", "server-cap")]  # fmt: skip
+    (w,) = fidelity.summarize(windowed, reference="server-cap")["batches"]
+    assert w["paired_vs"]["server-cap"]["ratio"] == pytest.approx(1.0) == w["paired_ratio"]
+    lone = fidelity.summarize([_row(8, 0, "slmserve", 1.0)])["batches"][0]
+    assert lone["paired_vs"] == {}
+
+
 def test_summary_edge_of_tolerance_and_several_references() -> None:
     rows = [_row(512, 0, "slmserve", 98.0), _row(512, 0, "vllm-bench", 100.0), _row(512, 0, "minimal", 95.0)]
     s = fidelity.summarize(rows, reference="vllm-bench", tolerance=0.02)
@@ -607,6 +642,19 @@ def test_bench_process_is_a_process_a_run_unless_asked() -> None:
     assert harness_fidelity.parse_args(["--out", "x", "--bench-process", "worker"]).bench_process == "worker"
     with pytest.raises(SystemExit):
         harness_fidelity.parse_args(["--out", "x", "--bench-process", "thread"])
+
+
+def test_server_cap_needs_one_batch_size() -> None:
+    assert harness_fidelity.parse_args(["--out", "x"]).clients == ["slmserve", "vllm-bench", "minimal"]
+    with pytest.raises(SystemExit):
+        harness_fidelity.parse_args(["--out", "x", "--clients", "slmserve", "server-cap", "--batch-sizes", "1", "64"])
+    with pytest.raises(SystemExit):  # the default batch sizes are three
+        harness_fidelity.parse_args(["--out", "x", "--clients", "slmserve", "minimal", "server-cap"])
+    args = harness_fidelity.parse_args(
+        ["--out", "x", "--clients", "slmserve", "minimal", "server-cap", "--batch-sizes", "512"]
+    )
+    assert args.clients == ["slmserve", "minimal", "server-cap"] and args.batch_sizes == [512]
+    assert args.reference == "minimal"
 
 
 def test_requests_reach_the_command_line_parsed() -> None:
