@@ -57,7 +57,7 @@ TOLERANCE = 0.02
 
 CSV_COLUMNS = (
     "batch", "repeat", "client", "n", "ok", "throughput_rps", "output_tok_s", "duration_s",
-    "window_rps", "peak_inflight", "error",
+    "window_rps", "peak_inflight", "error", "host_speed_ms", "host_steal_frac",
 )  # fmt: skip
 
 # What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py), without the `vllm` console script.
@@ -95,6 +95,12 @@ class RunResult:
     """The first failure, if any."""
     window_rps: float | None = None
     """Completed requests / (last end - first send) of the completed requests, for every client."""
+    host_speed_ms: float | None = None
+    """The host's Python speed around the run (:func:`slmserve.provenance.time_host_ms` just before it and just
+    after it, their mean; lower is faster), as the workflow's ``host_speed_repeat_ms``."""
+    host_steal_frac: float | None = None
+    """The host's CPU steal over the run (:func:`slmserve.telemetry.steal_frac`; for ``vllm-bench`` its
+    process's start-up included)."""
 
     def __post_init__(self) -> None:
         if self.window_rps is None and self.client != VLLM_BENCH:
@@ -633,6 +639,23 @@ def _within(ratio: float | None, tolerance: float) -> bool:
     return ratio is not None and abs(ratio - 1.0) <= tolerance + 1e-12
 
 
+def host_link(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Whether the runs' throughput follows the host's Python speed around them: Pearson's ``r`` between each
+    run's ``host_speed_ms`` and ``throughput_rps`` within its client (and, pooled, its ``source``), so that
+    what sets the clients and machines apart does not count (:func:`slmserve.stats.within_correlation`). A
+    host-bound model runs slower on a slower host, so a clearly negative ``r`` says the spread between runs
+    is the host's; also the range of ``host_speed_ms`` and the largest ``host_steal_frac``. No ``r`` for runs
+    recorded without the host's speed (before 2026-12-03)."""
+    timed = [r for r in rows if r.get("host_speed_ms") is not None and r.get("throughput_rps") is not None]
+    link = stats.within_correlation([float(r["host_speed_ms"]) for r in timed],
+                                    [float(r["throughput_rps"]) for r in timed],
+                                    [(str(r.get("source") or ""), str(r["client"])) for r in timed])  # fmt: skip
+    speeds = [float(r["host_speed_ms"]) for r in timed]
+    steals = [float(r["host_steal_frac"]) for r in rows if r.get("host_steal_frac") is not None]
+    return {**link, "host_speed_ms_min": min(speeds, default=None), "host_speed_ms_max": max(speeds, default=None),
+            "host_steal_frac_max": max(steals, default=None)}  # fmt: skip
+
+
 def summarize(
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -654,7 +677,8 @@ def summarize(
     (``all_paired_equivalent``), ``paired_sd`` (the SD of the repeats' ratios) and ``paired_n_needed``, the
     pairs a CI of ``± tolerance`` would take at that SD (:func:`slmserve.stats.repeats_for`, a plan);
     ``paired_vs`` holds the same pairing against every other client at the batch (``ratio``, ``n``, ``ci_lo``,
-    ``ci_hi``, ``sd``, ``verdict``, ``equivalent``), on its window where it has one. A run
+    ``ci_hi``, ``sd``, ``verdict``, ``equivalent``), on its window where it has one. ``host_link`` asks whether
+    the runs' spread follows the host (:func:`host_link`). A run
     with throughput ``None`` (nothing completed) is left out of the means; ``all_ok`` says whether every
     request of every run of the client completed."""
     batches: list[dict[str, Any]] = []
@@ -712,6 +736,7 @@ def summarize(
                 "within": within,
                 "window_ratios": window_ratios,
                 "paired_vs": paired_vs,
+                "host_link": host_link(at),
             }
         )
     return {
@@ -738,7 +763,8 @@ def rows_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = CSV_COL
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``fidelity.csv`` (:func:`rows_csv`), numbers as numbers and empty fields as None."""
     ints = dict.fromkeys(("batch", "repeat", "n", "ok", "peak_inflight"), pl.Int64)
-    floats = dict.fromkeys(("throughput_rps", "output_tok_s", "duration_s", "window_rps"), pl.Float64)
+    floats = dict.fromkeys(("throughput_rps", "output_tok_s", "duration_s", "window_rps", "host_speed_ms",
+                            "host_steal_frac"), pl.Float64)  # fmt: skip
     return pl.read_csv(path, schema_overrides={**ints, **floats, "client": pl.String, "error": pl.String}).to_dicts()
 
 

@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from bench import fidelity
 from bench.fidelity import MINIMAL, SERVER_CAP, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
-from slmserve import provenance, runner
+from slmserve import provenance, runner, telemetry
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.measure import batch_fits
 from slmserve.server import VllmServer, install_signal_handlers
@@ -227,6 +227,12 @@ def print_summary(summary: dict[str, Any]) -> None:
             needed = b.get("paired_n_needed")
             plan = f"{needed} pairs" if needed else "more pairs than can be planned"
             print(f"    SD of the pairs' ratios {b['paired_sd']:.4f}: ±{tol:.0%} takes about {plan}", flush=True)
+        link = b.get("host_link") or {}
+        if link.get("host_speed_ms_min") is not None:
+            steal = _fmt(link["host_steal_frac_max"], ".2%")
+            print(f"    host {link['host_speed_ms_min']:.2f}-{link['host_speed_ms_max']:.2f} ms, steal up to {steal};"
+                  f" r(host speed, throughput) within clients {_fmt(link['r'])} [{_fmt(link['ci_lo'])},"
+                  f" {_fmt(link['ci_hi'])}], n={link['n']}", flush=True)  # fmt: skip
 
 
 def _judged(label: str, ratio: float | None, lo: float | None, hi: float | None, verdict: str,
@@ -269,7 +275,10 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
                 t = time.monotonic()
                 try:
                     tag = fidelity.run_tag(client, batch, repeat)
+                    speed, cpu = provenance.time_host_ms(), telemetry.host_cpu_times()
                     res = run_client(client, srv, args, prompts, batch, tag, worker)
+                    res.host_steal_frac = telemetry.steal_frac(cpu, telemetry.host_cpu_times())
+                    res.host_speed_ms = (speed + provenance.time_host_ms()) / 2
                 except BenchUnavailable as exc:
                     if bench["usable"]:  # it ran before: a failed run, recorded as one
                         print(f"vllm bench serve failed at batch {batch} repeat {repeat}: {exc}", flush=True)

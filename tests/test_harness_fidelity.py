@@ -468,6 +468,32 @@ def test_summary_pairs_the_subject_with_every_other_client() -> None:
     assert lone["paired_vs"] == {}
 
 
+def test_host_link_correlates_within_each_client() -> None:
+    # slmserve reads 10% above minimal throughout; within each client a slower host (more ms) serves less
+    speeds = [0.5, 0.6, 0.7, 0.8, 0.9]
+    rows = [{**_row(512, i, c, (1.1 if c == "slmserve" else 1.0) * (200.0 - 100.0 * s)), "host_speed_ms": s,
+             "host_steal_frac": 0.01 * i} for i, s in enumerate(speeds) for c in ("slmserve", "minimal")]  # fmt: skip
+    (b,) = fidelity.summarize(rows)["batches"]
+    link = b["host_link"]
+    assert link["r"] == pytest.approx(-1.0, abs=0.01) and (link["n"], link["groups"]) == (10, 2)
+    assert (link["host_speed_ms_min"], link["host_speed_ms_max"]) == (0.5, 0.9)
+    assert link["host_steal_frac_max"] == pytest.approx(0.04)
+    # throughput that does not move with the host gives an r near 0; runs without the speed give none
+    flat = [{**r, "throughput_rps": 100.0 + (r["repeat"] % 2)} for r in rows]
+    assert abs(fidelity.summarize(flat)["batches"][0]["host_link"]["r"]) < 0.5
+    old = fidelity.summarize([_row(512, i, c, 100.0) for i in range(5) for c in ("slmserve", "minimal")])
+    assert old["batches"][0]["host_link"]["r"] is None
+    assert old["batches"][0]["host_link"]["host_speed_ms_min"] is None
+
+
+def test_read_rows_takes_a_csv_written_before_the_host_columns(tmp_path: Path) -> None:
+    path = tmp_path / "fidelity.csv"
+    path.write_text("batch,repeat,client,n,ok,throughput_rps,output_tok_s,duration_s,window_rps,peak_inflight,error\n"
+                    "512,0,slmserve,1500,1500,300.5,76928.0,4.99,300.5,512,\n")  # fmt: skip
+    (row,) = fidelity.read_rows(path)
+    assert row["throughput_rps"] == 300.5 and "host_speed_ms" not in row
+
+
 def test_summary_edge_of_tolerance_and_several_references() -> None:
     rows = [_row(512, 0, "slmserve", 98.0), _row(512, 0, "vllm-bench", 100.0), _row(512, 0, "minimal", 95.0)]
     s = fidelity.summarize(rows, reference="vllm-bench", tolerance=0.02)
@@ -491,7 +517,8 @@ def test_summary_with_failed_runs() -> None:
 
 def test_write_outputs(tmp_path: Path) -> None:
     res = fidelity.RunResult("minimal", n=4, ok=3, duration_s=2.0, throughput_rps=1.5, output_tok_s=24.0,
-                             output_tokens=48, peak_inflight=2, error="HTTP 400: no")  # fmt: skip
+                             output_tokens=48, peak_inflight=2, error="HTTP 400: no", host_speed_ms=0.5,
+                             host_steal_frac=0.0)  # fmt: skip
     rows = [res.row(4, 1), _row(4, 0, "slmserve", 1.5, n=4)]
     summary = {**fidelity.summarize(rows), "provenance": {"git_sha": "abc"}}
     csv_path, json_path = fidelity.write_outputs(tmp_path / "out", rows, summary)
@@ -501,6 +528,7 @@ def test_write_outputs(tmp_path: Path) -> None:
     assert got[0] == {
         "batch": "4", "repeat": "1", "client": "minimal", "n": "4", "ok": "3", "throughput_rps": "1.5",
         "output_tok_s": "24.0", "duration_s": "2.0", "window_rps": "1.5", "peak_inflight": "2", "error": "HTTP 400: no",
+        "host_speed_ms": "0.5", "host_steal_frac": "0.0",
     }  # fmt: skip
     assert got[1]["client"] == "slmserve" and got[1]["duration_s"] == "" and got[1]["peak_inflight"] == ""
     doc = json.loads(json_path.read_text())
@@ -516,7 +544,8 @@ def test_judge_reads_the_csv_back_and_keeps_the_run_description(tmp_path: Path, 
         del b["verdict"], b["ratio_ci_lo"], b["ratio_ci_hi"]
     fidelity.write_outputs(tmp_path, rows, old)
     assert fidelity.read_rows(tmp_path / "fidelity.csv")[0] == {**rows[0], "window_rps": None, "error": None,
-                                                                "peak_inflight": None}  # fmt: skip
+                                                                "peak_inflight": None, "host_speed_ms": None,
+                                                                "host_steal_frac": None}  # fmt: skip
     assert harness_fidelity.main(["--out", str(tmp_path), "--judge"]) == 0
     doc = json.loads((tmp_path / "fidelity.json").read_text())
     assert doc["batches"][0]["verdict"] == "agree" and doc["provenance"] == {"git_sha": "abc"}
