@@ -15,8 +15,8 @@ mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a ha
 (``agree``; ``differ`` where it excludes 1, else ``inconclusive``), and whether that CI lies within 0.98-1.02
 (``equivalent``).
 ``server-cap`` (asked for in ``--clients``) is the load generator with no client-side cap, every request sent at
-once so that the server's ``--max-num-seqs`` holds the batch (``batch_control: restart``); it is judged paired
-against ``slmserve`` and so needs a single batch size, the one the server's cap equals.
+once so that the server's ``--max-num-seqs`` holds the batch (``batch_control: restart``); the server's cap is
+the largest batch, so it needs a single batch size. Every run records the host's speed and CPU steal around it.
 ``vllm bench serve`` runs as a process of its own for every run (``--bench-process run``, as before the option
 existed), or every run in one process that imports vLLM once (``worker``, :class:`bench.fidelity.BenchWorker`:
 20-25 s less per run on an H200 host; but on the CPU engine its runs measured 0.9824 [0.9684, 0.9965] of a

@@ -209,6 +209,57 @@ def test_slmserve_client_throughput_is_the_projects(server: Callable[..., Record
     assert (capless.client, capless.ok, capless.peak_inflight) == ("server-cap", 12, 12)
 
 
+class _StandInVllmServer:
+    """Takes :class:`slmserve.server.VllmServer`'s place in :func:`harness_fidelity.measure`: the stand-in
+    completions server, already running, behind the context manager and the methods ``measure`` uses."""
+
+    def __init__(self, srv: RecordingStandIn) -> None:
+        self.base_url, self.startup_s, self.kv_cache_tokens = srv.base_url, 0.0, None
+
+    def __call__(self, spec: Any) -> _StandInVllmServer:
+        return self
+
+    def __enter__(self) -> _StandInVllmServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def alive(self) -> bool:
+        return True
+
+    def info(self) -> dict[str, Any]:
+        return {"stand_in": True}
+
+
+def test_measure_records_the_host_around_every_run_and_server_cap_sends_all(
+    server: Callable[..., RecordingStandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    srv = server(token_delay_s=0.001)
+    monkeypatch.setattr(harness_fidelity, "VllmServer", _StandInVllmServer(srv))
+    monkeypatch.setattr(harness_fidelity, "batch_fits", lambda *a, **k: None)
+    monkeypatch.setattr(harness_fidelity.runner, "server_spec", lambda *a, **k: None)
+    monkeypatch.setattr(harness_fidelity.provenance, "collect", lambda *a, **k: {"git_sha": "abc"})
+    args = harness_fidelity.parse_args([
+        "--out", str(tmp_path), "--served-name", MODEL, "--batch-sizes", "4", "--repeats", "2", "--requests", "12",
+        "--input-len", "6", "--output-len", "6", "--warmup-requests", "2", "--clients", "slmserve", "minimal",
+        "server-cap",
+    ])  # fmt: skip
+    alloc = harness_fidelity.Allocation(ids=(), nvml_indices=())
+    assert harness_fidelity.measure(args, alloc, _prompts(12)) == 0
+    rows = fidelity.read_rows(tmp_path / "fidelity.csv")
+    assert sorted((r["repeat"], r["client"]) for r in rows) == [
+        (i, c) for i in (0, 1) for c in ("minimal", "server-cap", "slmserve")
+    ]
+    assert all(r["ok"] == 12 and r["host_speed_ms"] > 0 for r in rows)
+    assert all(r["host_steal_frac"] is None or 0.0 <= r["host_steal_frac"] <= 1.0 for r in rows)
+    peaks = {r["client"]: r["peak_inflight"] for r in rows}
+    assert peaks == {"slmserve": 4, "minimal": 4, "server-cap": 12}  # server-cap: no client-side cap
+    (b,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
+    assert b["reference"] == "minimal" and sorted(b["paired_vs"]) == ["minimal", "server-cap"]
+    assert b["host_link"]["host_speed_ms_min"] == min(r["host_speed_ms"] for r in rows)
+
+
 # --- vllm bench serve ------------------------------------------------------------------------------
 
 
