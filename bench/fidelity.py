@@ -647,10 +647,9 @@ def host_link(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     is the host's; also the range of ``host_speed_ms`` and the largest ``host_steal_frac``. No ``r`` for runs
     recorded without the host's speed (before 2026-12-03)."""
     timed = [r for r in rows if r.get("host_speed_ms") is not None and r.get("throughput_rps") is not None]
-    link = stats.within_correlation([float(r["host_speed_ms"]) for r in timed],
-                                    [float(r["throughput_rps"]) for r in timed],
-                                    [(str(r.get("source") or ""), str(r["client"])) for r in timed])  # fmt: skip
     speeds = [float(r["host_speed_ms"]) for r in timed]
+    link = stats.within_correlation(speeds, [float(r["throughput_rps"]) for r in timed],
+                                    [(str(r.get("source") or ""), str(r["client"])) for r in timed])  # fmt: skip
     steals = [float(r["host_steal_frac"]) for r in rows if r.get("host_steal_frac") is not None]
     return {**link, "host_speed_ms_min": min(speeds, default=None), "host_speed_ms_max": max(speeds, default=None),
             "host_steal_frac_max": max(steals, default=None)}  # fmt: skip
@@ -706,14 +705,11 @@ def summarize(
         ratio = window_ratios.get(reference)
         ratio = ratios.get(reference) if ratio is None else ratio
         ci = stats.ratio_ci(*(_values(at, name, key) for name in (subject, reference)))
-        paired = _paired(at, subject, reference, key)
-        paired_vs = {}
-        for name in clients:
-            if name == subject:
-                continue
-            pair = _paired(at, subject, name, "window_rps" if window_ratios.get(name) is not None else "throughput_rps")
-            paired_vs[name] = {"ratio": pair["mean"], **{k: pair[k] for k in ("n", "ci_lo", "ci_hi", "sd")},
-                               **_judgement("", pair, tolerance)}  # fmt: skip
+        pairs = {name: _paired(at, subject, name, "window_rps" if window_ratios.get(name) is not None
+                               else "throughput_rps") for name in clients if name != subject}  # fmt: skip
+        paired = pairs.get(reference) or _paired(at, subject, reference, key)  # the same key: the rule above
+        paired_vs = {name: {"ratio": pair["mean"], **{k: pair[k] for k in ("n", "ci_lo", "ci_hi", "sd")},
+                            **_judgement("", pair, tolerance)} for name, pair in pairs.items()}  # fmt: skip
         batches.append(
             {
                 "batch": batch,

@@ -150,18 +150,12 @@ def run_client(
     worker: fidelity.BenchWorker | None = None,
 ) -> RunResult:
     warmup = runner.warmup_for(args.warmup_requests, batch, len(prompts))
-    if client == SUBJECT:
+    if client in (SUBJECT, SERVER_CAP):
         spec = fidelity.slmserve_spec(
             srv.base_url, args.served_name, prompts, args.output_len, batch,
-            warmup_requests=args.warmup_requests, stream=not args.no_stream,
+            warmup_requests=args.warmup_requests, stream=not args.no_stream, client_cap=client == SUBJECT,
         )  # fmt: skip
-        result = asyncio.run(fidelity.guarded(fidelity.slmserve_client(spec), srv.alive))
-    elif client == SERVER_CAP:
-        spec = fidelity.slmserve_spec(
-            srv.base_url, args.served_name, prompts, args.output_len, batch,
-            warmup_requests=args.warmup_requests, stream=not args.no_stream, client_cap=False,
-        )  # fmt: skip
-        result = asyncio.run(fidelity.guarded(fidelity.slmserve_client(spec, client=SERVER_CAP), srv.alive))
+        result = asyncio.run(fidelity.guarded(fidelity.slmserve_client(spec, client=client), srv.alive))
     elif client == MINIMAL:
         coro = fidelity.minimal_client(
             srv.base_url, args.served_name, prompts, args.output_len, batch, warmup=warmup,
