@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import aiohttp
 import polars as pl
 
-from slmserve import analysis, io, loadgen, runner, stats
+from slmserve import analysis, enginemetrics, io, loadgen, runner, stats
 from slmserve.loadgen import LoadSpec, run_load_async, to_frame
 from slmserve.measure import lag_threshold_s, until_server_dies
 from slmserve.server import pdeathsig
@@ -57,7 +57,7 @@ TOLERANCE = 0.02
 
 CSV_COLUMNS = (
     "batch", "repeat", "client", "n", "ok", "throughput_rps", "output_tok_s", "duration_s",
-    "window_rps", "peak_inflight", "error", "host_speed_ms", "host_steal_frac",
+    "window_rps", "peak_inflight", "error", "host_speed_ms", "host_steal_frac", "server_requests", "server_e2e_s",
 )  # fmt: skip
 
 # What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py), without the `vllm` console script.
@@ -101,6 +101,10 @@ class RunResult:
     host_steal_frac: float | None = None
     """The host's CPU steal over the run (:func:`slmserve.telemetry.steal_frac`; for ``vllm-bench`` its
     process's start-up included)."""
+    server_requests: int | None = None
+    """Requests the server finished during the run, warm-up included (:func:`server_latency`)."""
+    server_e2e_s: float | None = None
+    """Their mean latency by the server's own clock (:func:`server_latency`)."""
 
     def __post_init__(self) -> None:
         if self.window_rps is None and self.client != VLLM_BENCH:
@@ -655,6 +659,38 @@ def host_link(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "host_steal_frac_max": max(steals, default=None)}  # fmt: skip
 
 
+E2E = "vllm:e2e_request_latency_seconds"
+
+
+def server_latency(before: Mapping[str, float], after: Mapping[str, float]) -> tuple[int | None, float | None]:
+    """Requests the server finished between two reads of its metrics (:func:`slmserve.enginemetrics.parse`),
+    ``Δ vllm:e2e_request_latency_seconds_count``, and their mean latency by the server's clock, ``Δ ..._sum /
+    Δ ..._count`` (from a request's arrival at vLLM's API server to its last output there, so no client's
+    reading of the stream counts). Both read around a run, they take in its warm-up (and ``vllm bench serve``'s
+    test request). ``(None, None)`` where a read failed or nothing finished."""
+    delta = enginemetrics.counter_delta(
+        {k: before[k] for k in before if k.startswith(E2E)}, {k: after[k] for k in after if k.startswith(E2E)}
+    )
+    if not delta or not delta.get(f"{E2E}_count"):
+        return None, None
+    n = delta[f"{E2E}_count"]
+    return int(n), delta.get(f"{E2E}_sum", 0.0) / n
+
+
+def server_side(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, Any]:
+    """Per client, the mean of its runs' ``server_e2e_s`` (``e2e_s``), and against every other client the
+    paired ratio ``subject / client`` of it (:func:`_paired`, ``e2e_vs``). With the batch held at B by both
+    clients, a throughput ratio that this latency ratio mirrors (1.04 against 0.96) is the server serving
+    one client's runs faster; a latency ratio of 1 beside it is the clients' load or accounting."""
+    names = dict.fromkeys(str(r["client"]) for r in rows)
+    e2e = {name: [float(r["server_e2e_s"]) for r in rows if r["client"] == name and r.get("server_e2e_s")]
+           for name in names}  # fmt: skip
+    return {
+        "e2e_s": {name: statistics.fmean(v) if v else None for name, v in e2e.items()},
+        "e2e_vs": {name: _paired(rows, subject, name, "server_e2e_s") for name in names if name != subject},
+    }
+
+
 def summarize(
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -677,7 +713,8 @@ def summarize(
     pairs a CI of ``± tolerance`` would take at that SD (:func:`slmserve.stats.repeats_for`, a plan);
     ``paired_vs`` holds the same pairing against every other client at the batch (``ratio``, ``n``, ``ci_lo``,
     ``ci_hi``, ``sd``, ``verdict``, ``equivalent``), on its window where it has one. ``host_link`` asks whether
-    the runs' spread follows the host (:func:`host_link`). A run
+    the runs' spread follows the host (:func:`host_link`), ``server_side`` whether it is the server's speed
+    (:func:`server_side`). A run
     with throughput ``None`` (nothing completed) is left out of the means; ``all_ok`` says whether every
     request of every run of the client completed."""
     batches: list[dict[str, Any]] = []
@@ -733,6 +770,7 @@ def summarize(
                 "window_ratios": window_ratios,
                 "paired_vs": paired_vs,
                 "host_link": host_link(at),
+                "server_side": server_side(at, subject),
             }
         )
     return {
@@ -758,9 +796,9 @@ def rows_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = CSV_COL
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``fidelity.csv`` (:func:`rows_csv`), numbers as numbers and empty fields as None."""
-    ints = dict.fromkeys(("batch", "repeat", "n", "ok", "peak_inflight"), pl.Int64)
+    ints = dict.fromkeys(("batch", "repeat", "n", "ok", "peak_inflight", "server_requests"), pl.Int64)
     floats = dict.fromkeys(("throughput_rps", "output_tok_s", "duration_s", "window_rps", "host_speed_ms",
-                            "host_steal_frac"), pl.Float64)  # fmt: skip
+                            "host_steal_frac", "server_e2e_s"), pl.Float64)  # fmt: skip
     return pl.read_csv(path, schema_overrides={**ints, **floats, "client": pl.String, "error": pl.String}).to_dicts()
 
 

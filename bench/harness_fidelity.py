@@ -16,7 +16,8 @@ mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a ha
 (``equivalent``).
 ``server-cap`` (asked for in ``--clients``) is the load generator with no client-side cap, every request sent at
 once so that the server's ``--max-num-seqs`` holds the batch (``batch_control: restart``); the server's cap is
-the largest batch, so it needs a single batch size. Every run records the host's speed and CPU steal around it.
+the largest batch, so it needs a single batch size. Every run records the host's speed and CPU steal around it,
+and the server's own mean latency over it (vLLM's ``/metrics`` read before and after).
 ``vllm bench serve`` runs as a process of its own for every run (``--bench-process run``, as before the option
 existed), or every run in one process that imports vLLM once (``worker``, :class:`bench.fidelity.BenchWorker`:
 20-25 s less per run on an H200 host; but on the CPU engine its runs measured 0.9824 [0.9684, 0.9965] of a
@@ -53,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from bench import fidelity
 from bench.fidelity import MINIMAL, SERVER_CAP, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
-from slmserve import provenance, runner, telemetry
+from slmserve import enginemetrics, provenance, runner, telemetry
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.measure import batch_fits
 from slmserve.server import VllmServer, install_signal_handlers
@@ -221,6 +222,12 @@ def print_summary(summary: dict[str, Any]) -> None:
             needed = b.get("paired_n_needed")
             plan = f"{needed} pairs" if needed else "more pairs than can be planned"
             print(f"    SD of the pairs' ratios {b['paired_sd']:.4f}: ±{tol:.0%} takes about {plan}", flush=True)
+        side = b.get("server_side") or {}
+        if any(v is not None for v in side.get("e2e_s", {}).values()):
+            e2e = ", ".join(f"{k} {_fmt(v)}" for k, v in side["e2e_s"].items())
+            vs = ", ".join(f"/{k} {_fmt(v['mean'], '.4f')} [{_fmt(v['ci_lo'], '.4f')}, {_fmt(v['ci_hi'], '.4f')}]"
+                           for k, v in side["e2e_vs"].items())  # fmt: skip
+            print(f"    server's mean latency (s): {e2e}; paired {summary['subject']} / client {vs}", flush=True)
         link = b.get("host_link") or {}
         if link.get("host_speed_ms_min") is not None:
             steal = _fmt(link["host_steal_frac_max"], ".2%")
@@ -270,7 +277,10 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
                 try:
                     tag = fidelity.run_tag(client, batch, repeat)
                     speed, cpu = provenance.time_host_ms(), telemetry.host_cpu_times()
+                    metrics = enginemetrics.parse(enginemetrics.fetch(srv.base_url))
                     res = run_client(client, srv, args, prompts, batch, tag, worker)
+                    after = enginemetrics.parse(enginemetrics.fetch(srv.base_url))
+                    res.server_requests, res.server_e2e_s = fidelity.server_latency(metrics, after)
                     res.host_steal_frac = telemetry.steal_frac(cpu, telemetry.host_cpu_times())
                     res.host_speed_ms = (speed + provenance.time_host_ms()) / 2
                 except BenchUnavailable as exc:

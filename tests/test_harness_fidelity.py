@@ -252,12 +252,19 @@ def test_measure_records_the_host_around_every_run_and_server_cap_sends_all(
         (i, c) for i in (0, 1) for c in ("minimal", "server-cap", "slmserve")
     ]
     assert all(r["ok"] == 12 and r["host_speed_ms"] > 0 for r in rows)
+    # the stand-in's /metrics: every run's 12 requests and its warm-up, each at least 6 tokens x 1 ms
+    warmup = runner.warmup_for(2, 4, 12)
+    assert all(r["server_requests"] == 12 + warmup and 0.006 <= r["server_e2e_s"] < 1.0 for r in rows)
     assert all(r["host_steal_frac"] is None or 0.0 <= r["host_steal_frac"] <= 1.0 for r in rows)
     peaks = {r["client"]: r["peak_inflight"] for r in rows}
     assert peaks == {"slmserve": 4, "minimal": 4, "server-cap": 12}  # server-cap: no client-side cap
     (b,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
     assert b["reference"] == "minimal" and sorted(b["paired_vs"]) == ["minimal", "server-cap"]
     assert b["host_link"]["host_speed_ms_min"] == min(r["host_speed_ms"] for r in rows)
+    side = b["server_side"]
+    assert side["e2e_s"]["minimal"] == pytest.approx(statistics.fmean(
+        r["server_e2e_s"] for r in rows if r["client"] == "minimal"))  # fmt: skip
+    assert sorted(side["e2e_vs"]) == ["minimal", "server-cap"] and side["e2e_vs"]["minimal"]["n"] == 2
 
 
 # --- vllm bench serve ------------------------------------------------------------------------------
@@ -537,6 +544,25 @@ def test_host_link_correlates_within_each_client() -> None:
     assert old["batches"][0]["host_link"]["host_speed_ms_min"] is None
 
 
+def test_server_latency_reads_vllms_histogram_around_a_run() -> None:
+    e2e = fidelity.E2E
+    before = {f"{e2e}_count": 10.0, f"{e2e}_sum": 4.0, "vllm:num_requests_running": 0.0}
+    after = {f"{e2e}_count": 1510.0, f"{e2e}_sum": 2704.0, "vllm:num_requests_running": 512.0}
+    assert fidelity.server_latency(before, after) == (1500, pytest.approx(2700.0 / 1500))
+    assert fidelity.server_latency({}, after) == (None, None)  # a failed read: no count, not the server's totals
+    assert fidelity.server_latency(after, after) == (None, None)  # nothing finished
+    # the same batch held by both: slmserve's runs 4% faster while the server answered them 4% sooner
+    rows = [{**_row(512, i, c, 104.0 if c == "slmserve" else 100.0),
+             "server_e2e_s": 1.0 / (104.0 if c == "slmserve" else 100.0)}
+            for i in range(3) for c in ("slmserve", "minimal")]  # fmt: skip
+    side = fidelity.summarize(rows)["batches"][0]["server_side"]
+    assert side["e2e_s"] == {"slmserve": pytest.approx(1 / 104), "minimal": pytest.approx(1 / 100)}
+    assert side["e2e_vs"]["minimal"]["mean"] == pytest.approx(100 / 104) and side["e2e_vs"]["minimal"]["n"] == 3
+    old = fidelity.summarize([_row(512, 0, c, 100.0) for c in ("slmserve", "minimal")])["batches"][0]
+    assert old["server_side"]["e2e_s"] == {"slmserve": None, "minimal": None}
+    assert old["server_side"]["e2e_vs"]["minimal"]["n"] == 0
+
+
 def test_read_rows_takes_a_csv_written_before_the_host_columns(tmp_path: Path) -> None:
     path = tmp_path / "fidelity.csv"
     path.write_text("batch,repeat,client,n,ok,throughput_rps,output_tok_s,duration_s,window_rps,peak_inflight,error\n"
@@ -569,7 +595,7 @@ def test_summary_with_failed_runs() -> None:
 def test_write_outputs(tmp_path: Path) -> None:
     res = fidelity.RunResult("minimal", n=4, ok=3, duration_s=2.0, throughput_rps=1.5, output_tok_s=24.0,
                              output_tokens=48, peak_inflight=2, error="HTTP 400: no", host_speed_ms=0.5,
-                             host_steal_frac=0.0)  # fmt: skip
+                             host_steal_frac=0.0, server_requests=7, server_e2e_s=0.25)  # fmt: skip
     rows = [res.row(4, 1), _row(4, 0, "slmserve", 1.5, n=4)]
     summary = {**fidelity.summarize(rows), "provenance": {"git_sha": "abc"}}
     csv_path, json_path = fidelity.write_outputs(tmp_path / "out", rows, summary)
@@ -579,7 +605,7 @@ def test_write_outputs(tmp_path: Path) -> None:
     assert got[0] == {
         "batch": "4", "repeat": "1", "client": "minimal", "n": "4", "ok": "3", "throughput_rps": "1.5",
         "output_tok_s": "24.0", "duration_s": "2.0", "window_rps": "1.5", "peak_inflight": "2", "error": "HTTP 400: no",
-        "host_speed_ms": "0.5", "host_steal_frac": "0.0",
+        "host_speed_ms": "0.5", "host_steal_frac": "0.0", "server_requests": "7", "server_e2e_s": "0.25",
     }  # fmt: skip
     assert got[1]["client"] == "slmserve" and got[1]["duration_s"] == "" and got[1]["peak_inflight"] == ""
     doc = json.loads(json_path.read_text())
@@ -596,7 +622,8 @@ def test_judge_reads_the_csv_back_and_keeps_the_run_description(tmp_path: Path, 
     fidelity.write_outputs(tmp_path, rows, old)
     assert fidelity.read_rows(tmp_path / "fidelity.csv")[0] == {**rows[0], "window_rps": None, "error": None,
                                                                 "peak_inflight": None, "host_speed_ms": None,
-                                                                "host_steal_frac": None}  # fmt: skip
+                                                                "host_steal_frac": None, "server_requests": None,
+                                                                "server_e2e_s": None}  # fmt: skip
     assert harness_fidelity.main(["--out", str(tmp_path), "--judge"]) == 0
     doc = json.loads((tmp_path / "fidelity.json").read_text())
     assert doc["batches"][0]["verdict"] == "agree" and doc["provenance"] == {"git_sha": "abc"}

@@ -54,7 +54,9 @@ class StandInCompletionsServer:
       for ``stall_s`` seconds (a hung server), then the rest.
     * ``compact``: compact JSON like vLLM's (``False``: ``json.dumps`` default spacing).
 
-    It counts requests received (``n_requests``) and the most handled at once (``max_active``).
+    It counts requests received (``n_requests``) and the most handled at once (``max_active``), and serves
+    ``/metrics`` with the count and summed latency of the completions it answered, as vLLM's
+    ``vllm:e2e_request_latency_seconds`` histogram.
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class StandInCompletionsServer:
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
         self._sem: asyncio.Semaphore | None = None
+        self.e2e_count, self.e2e_sum = 0, 0.0
 
     @property
     def base_url(self) -> str:
@@ -99,6 +102,7 @@ class StandInCompletionsServer:
         self.n_requests += 1
         self.active += 1
         self.max_active = max(self.max_active, self.active)
+        t0 = time.perf_counter()
         try:
             if self._sem is not None:
                 async with self._sem:
@@ -106,6 +110,13 @@ class StandInCompletionsServer:
             return await self._serve(request)
         finally:
             self.active -= 1
+            self.e2e_count, self.e2e_sum = self.e2e_count + 1, self.e2e_sum + time.perf_counter() - t0
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        name = "vllm:e2e_request_latency_seconds"
+        text = (f"# TYPE {name} histogram\n{name}_count{{engine=\"0\"}} {self.e2e_count}\n"
+                f"{name}_sum{{engine=\"0\"}} {self.e2e_sum}\n")  # fmt: skip
+        return web.Response(text=text, content_type="text/plain")
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -150,6 +161,7 @@ class StandInCompletionsServer:
         self._sem = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
