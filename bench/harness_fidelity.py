@@ -222,18 +222,26 @@ def print_summary(summary: dict[str, Any]) -> None:
             needed = b.get("paired_n_needed")
             plan = f"{needed} pairs" if needed else "more pairs than can be planned"
             print(f"    SD of the pairs' ratios {b['paired_sd']:.4f}: ±{tol:.0%} takes about {plan}", flush=True)
-        side = b.get("server_side") or {}
-        if any(v is not None for v in side.get("e2e_s", {}).values()):
-            e2e = ", ".join(f"{k} {_fmt(v)}" for k, v in side["e2e_s"].items())
-            vs = ", ".join(f"/{k} {_fmt(v['mean'], '.4f')} [{_fmt(v['ci_lo'], '.4f')}, {_fmt(v['ci_hi'], '.4f')}]"
-                           for k, v in side["e2e_vs"].items())  # fmt: skip
-            print(f"    server's mean latency (s): {e2e}; paired {summary['subject']} / client {vs}", flush=True)
+        side, load = b.get("server_side") or {}, b.get("load_side") or {}
+        _print_side("server's mean latency (s)", side.get("e2e_s"), side.get("e2e_vs"), summary["subject"])
+        _print_side("mean in flight", load.get("inflight"), load.get("inflight_vs"), summary["subject"])
         link = b.get("host_link") or {}
         if link.get("host_speed_ms_min") is not None:
             steal = _fmt(link["host_steal_frac_max"], ".2%")
             print(f"    host {link['host_speed_ms_min']:.2f}-{link['host_speed_ms_max']:.2f} ms, steal up to {steal};"
                   f" r(host speed, throughput) within clients {_fmt(link['r'])} [{_fmt(link['ci_lo'])},"
                   f" {_fmt(link['ci_hi'])}], n={link['n']}", flush=True)  # fmt: skip
+
+
+def _print_side(label: str, means: dict[str, Any] | None, vs: dict[str, Any] | None, subject: str) -> None:
+    """One line of a per-client mean and its paired ratios (:func:`fidelity.server_side`, :func:`fidelity.load_side`),
+    where a run has it."""
+    if not means or all(v is None for v in means.values()):
+        return
+    each = ", ".join(f"{k} {_fmt(v)}" for k, v in means.items())
+    pairs = ", ".join(f"/{k} {_fmt(v['mean'], '.4f')} [{_fmt(v['ci_lo'], '.4f')}, {_fmt(v['ci_hi'], '.4f')}]"
+                      for k, v in (vs or {}).items())  # fmt: skip
+    print(f"    {label}: {each}; paired {subject} / client {pairs}", flush=True)
 
 
 def _judged(label: str, ratio: float | None, lo: float | None, hi: float | None, verdict: str,

@@ -265,6 +265,12 @@ def test_measure_records_the_host_around_every_run_and_server_cap_sends_all(
     assert side["e2e_s"]["minimal"] == pytest.approx(statistics.fmean(
         r["server_e2e_s"] for r in rows if r["client"] == "minimal"))  # fmt: skip
     assert sorted(side["e2e_vs"]) == ["minimal", "server-cap"] and side["e2e_vs"]["minimal"]["n"] == 2
+    # 12 requests in rounds of at most 4 (slmserve, minimal) or all 12 at once (server-cap), none lost
+    assert all(0.5 < r["mean_inflight"] <= peaks[r["client"]] for r in rows)
+    load = b["load_side"]
+    assert load["inflight"]["slmserve"] == pytest.approx(statistics.fmean(
+        r["mean_inflight"] for r in rows if r["client"] == "slmserve"))  # fmt: skip
+    assert load["inflight_vs"]["server-cap"]["n"] == 2
 
 
 # --- vllm bench serve ------------------------------------------------------------------------------
@@ -317,6 +323,8 @@ def test_parse_bench_result_window_on_the_projects_definition() -> None:
     assert res.window_rps == pytest.approx(4 / 2.0)  # ends at 101.0, 101.1, 101.9, 102.0: window 100.0-102.0
     short = fidelity.parse_bench_result({**obj, "output_lens": [16, 16, 16, 1]}, 4, 16)
     assert short.window_rps == pytest.approx(3 / 1.9)  # the short request is left out of the window
+    assert res.mean_inflight == pytest.approx(3.7 / 2.0) and short.mean_inflight == pytest.approx(2.9 / 1.9)
+    assert fidelity.parse_bench_result({k: v for k, v in obj.items() if k != "latencies"}, 4, 16).mean_inflight is None
     assert fidelity.RunResult("minimal", 1, 1, 0.5, 2.0, 2.0, 1).window_rps == 2.0  # the same for the others
 
 
@@ -344,6 +352,7 @@ def test_vllm_bench_client_against_the_stand_in(server: Callable[..., RecordingS
     assert (res.client, res.n, res.ok, res.error, res.output_tokens) == ("vllm-bench", 6, 6, None, 30)
     assert res.throughput_rps is not None and res.throughput_rps > 0
     assert res.window_rps is not None and res.window_rps >= res.throughput_rps  # its window lies inside its duration
+    assert res.mean_inflight is not None and 0.5 < res.mean_inflight <= 2  # from its own send times and latencies
     measured = srv.bodies[-6:]
     assert sorted(b["prompt"] for b in measured) == prompts  # token ids, as in the JSONL
     assert all(b["max_tokens"] == 5 and b["ignore_eos"] is True and b["temperature"] == 0 for b in srv.bodies)
@@ -563,6 +572,19 @@ def test_server_latency_reads_vllms_histogram_around_a_run() -> None:
     assert old["server_side"]["e2e_vs"]["minimal"]["n"] == 0
 
 
+def test_mean_inflight_is_the_time_average_of_the_requests_in_flight() -> None:
+    # two requests over 0-3 s: one in flight 0-1 and 2-3, two 1-2, so (1 + 2 + 1) / 3
+    assert fidelity.mean_inflight([(0.0, 2.0), (1.0, 3.0)]) == pytest.approx(4 / 3)
+    assert fidelity.mean_inflight([(0.0, 1.0), (0.0, 1.0), (0.0, 1.0)]) == pytest.approx(3.0)  # a full batch
+    assert fidelity.mean_inflight([]) is None and fidelity.mean_inflight([(1.0, 1.0)]) is None  # no window
+    # one client kept 4 of a batch of 4 in flight, the other 3: the load ratio says so whatever the speed
+    rows = [{**_row(4, i, c, 100.0 + i), "mean_inflight": 4.0 if c == "slmserve" else 3.0}
+            for i in range(3) for c in ("slmserve", "minimal")]  # fmt: skip
+    load = fidelity.summarize(rows)["batches"][0]["load_side"]
+    assert load["inflight"] == {"slmserve": 4.0, "minimal": 3.0}
+    assert load["inflight_vs"]["minimal"]["mean"] == pytest.approx(4 / 3) and load["inflight_vs"]["minimal"]["n"] == 3
+
+
 def test_read_rows_takes_a_csv_written_before_the_host_columns(tmp_path: Path) -> None:
     path = tmp_path / "fidelity.csv"
     path.write_text("batch,repeat,client,n,ok,throughput_rps,output_tok_s,duration_s,window_rps,peak_inflight,error\n"
@@ -595,7 +617,8 @@ def test_summary_with_failed_runs() -> None:
 def test_write_outputs(tmp_path: Path) -> None:
     res = fidelity.RunResult("minimal", n=4, ok=3, duration_s=2.0, throughput_rps=1.5, output_tok_s=24.0,
                              output_tokens=48, peak_inflight=2, error="HTTP 400: no", host_speed_ms=0.5,
-                             host_steal_frac=0.0, server_requests=7, server_e2e_s=0.25)  # fmt: skip
+                             host_steal_frac=0.0, server_requests=7, server_e2e_s=0.25,
+                             mean_inflight=1.75)  # fmt: skip
     rows = [res.row(4, 1), _row(4, 0, "slmserve", 1.5, n=4)]
     summary = {**fidelity.summarize(rows), "provenance": {"git_sha": "abc"}}
     csv_path, json_path = fidelity.write_outputs(tmp_path / "out", rows, summary)
@@ -606,6 +629,7 @@ def test_write_outputs(tmp_path: Path) -> None:
         "batch": "4", "repeat": "1", "client": "minimal", "n": "4", "ok": "3", "throughput_rps": "1.5",
         "output_tok_s": "24.0", "duration_s": "2.0", "window_rps": "1.5", "peak_inflight": "2", "error": "HTTP 400: no",
         "host_speed_ms": "0.5", "host_steal_frac": "0.0", "server_requests": "7", "server_e2e_s": "0.25",
+        "mean_inflight": "1.75",
     }  # fmt: skip
     assert got[1]["client"] == "slmserve" and got[1]["duration_s"] == "" and got[1]["peak_inflight"] == ""
     doc = json.loads(json_path.read_text())
@@ -623,7 +647,8 @@ def test_judge_reads_the_csv_back_and_keeps_the_run_description(tmp_path: Path, 
     assert fidelity.read_rows(tmp_path / "fidelity.csv")[0] == {**rows[0], "window_rps": None, "error": None,
                                                                 "peak_inflight": None, "host_speed_ms": None,
                                                                 "host_steal_frac": None, "server_requests": None,
-                                                                "server_e2e_s": None}  # fmt: skip
+                                                                "server_e2e_s": None,
+                                                                "mean_inflight": None}  # fmt: skip
     assert harness_fidelity.main(["--out", str(tmp_path), "--judge"]) == 0
     doc = json.loads((tmp_path / "fidelity.json").read_text())
     assert doc["batches"][0]["verdict"] == "agree" and doc["provenance"] == {"git_sha": "abc"}
