@@ -460,15 +460,20 @@ def bench_result_path(workdir: Path, batch: int, repeat: int) -> Path:
     return workdir / f"{run_tag(VLLM_BENCH, batch, repeat)}.json"
 
 
+FROM_BENCH_JSON = ("window_rps", "mean_inflight")
+
+
 def fill_bench_windows(rows: Sequence[Mapping[str, Any]], workdir: Path, output_len: int) -> list[dict[str, Any]]:
-    """``rows`` with ``window_rps`` of each ``vllm bench serve`` run that lacks it taken from the result JSON the
-    run left in ``workdir`` (:func:`parse_bench_result`), e.g. runs parsed before ``itls`` were read."""
+    """``rows`` with the :data:`FROM_BENCH_JSON` fields (``window_rps``, ``mean_inflight``) of each ``vllm bench
+    serve`` run that lacks one taken from the result JSON the run left in ``workdir`` (:func:`parse_bench_result`),
+    e.g. runs parsed before ``itls`` were read or before ``mean_inflight`` existed."""
     out = []
     for row in rows:
         path = bench_result_path(workdir, row["batch"], row["repeat"])
-        if row["client"] == VLLM_BENCH and row.get("window_rps") is None and path.exists():
-            res = parse_bench_result(json.loads(path.read_text()), int(row["n"]), output_len)
-            row = {**row, "window_rps": res.window_rps}
+        missing = [k for k in FROM_BENCH_JSON if row.get(k) is None]
+        if row["client"] == VLLM_BENCH and missing and path.exists():
+            res = asdict(parse_bench_result(json.loads(path.read_text()), int(row["n"]), output_len))
+            row = {**row, **{k: res[k] for k in missing}}
         out.append(dict(row))
     return out
 

@@ -670,6 +670,7 @@ def test_judge_fills_vllm_bench_windows_from_its_result_files(tmp_path: Path) ->
     assert harness_fidelity.main(["--out", str(tmp_path), "--judge"]) == 0
     bench = [r for r in fidelity.read_rows(tmp_path / "fidelity.csv") if r["client"] == "vllm-bench"]
     assert [r["window_rps"] for r in bench] == [2.0, 2.0]
+    assert [r["mean_inflight"] for r in bench] == [2.0, 2.0]  # both in flight the whole second
     batch = json.loads((tmp_path / "fidelity.json").read_text())["batches"][0]
     assert batch["ratio"] == pytest.approx(1.0)  # judged on the window now that the reference has it
 
