@@ -17,7 +17,8 @@ mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a ha
 ``server-cap`` (asked for in ``--clients``) is the load generator with no client-side cap, every request sent at
 once so that the server's ``--max-num-seqs`` holds the batch (``batch_control: restart``); the server's cap is
 the largest batch, so it needs a single batch size. Every run records the host's speed and CPU steal around it,
-and the server's own mean latency over it (vLLM's ``/metrics`` read before and after).
+the server's own mean latency over it (vLLM's ``/metrics`` read before and after), and the requests its client
+kept in flight (:func:`bench.fidelity.mean_inflight`).
 ``vllm bench serve`` runs as a process of its own for every run (``--bench-process run``, as before the option
 existed), or every run in one process that imports vLLM once (``worker``, :class:`bench.fidelity.BenchWorker`:
 20-25 s less per run on an H200 host; but on the CPU engine its runs measured 0.9824 [0.9684, 0.9965] of a
