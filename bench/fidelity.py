@@ -329,8 +329,8 @@ async def slmserve_client(spec: LoadSpec, client: str = SUBJECT) -> RunResult:
     result = await run_load_async(spec)
     frame = to_frame(result)
     m = analysis.request_metrics(frame)
-    bad = frame.filter(pl.col("status") == "ok", pl.col("completion_tokens") != spec.output_len)
-    done = frame.filter(pl.col("status") == "ok", pl.col("completion_tokens") == spec.output_len)
+    full = pl.col("completion_tokens") == spec.output_len
+    bad, done = (frame.filter(pl.col("status") == "ok", cond) for cond in (~full, full))
     errors = [r.error for r in result.records if r.status != "ok"]
     if bad.height:
         errors.append(f"{bad.height} responses with completion_tokens != {spec.output_len}")
@@ -463,7 +463,7 @@ def bench_result_path(workdir: Path, batch: int, repeat: int) -> Path:
 FROM_BENCH_JSON = ("window_rps", "mean_inflight")
 
 
-def fill_bench_windows(rows: Sequence[Mapping[str, Any]], workdir: Path, output_len: int) -> list[dict[str, Any]]:
+def fill_from_bench_json(rows: Sequence[Mapping[str, Any]], workdir: Path, output_len: int) -> list[dict[str, Any]]:
     """``rows`` with the :data:`FROM_BENCH_JSON` fields (``window_rps``, ``mean_inflight``) of each ``vllm bench
     serve`` run that lacks one taken from the result JSON the run left in ``workdir`` (:func:`parse_bench_result`),
     e.g. runs parsed before ``itls`` were read or before ``mean_inflight`` existed."""

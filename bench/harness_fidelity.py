@@ -329,7 +329,7 @@ def _measured_run(folder: Path, flag: str) -> tuple[dict[str, Any], list[dict[st
     rows = fidelity.read_rows(csv_path)
     output_len = doc.get("settings", {}).get("output_len")
     if output_len is not None:
-        rows = fidelity.fill_bench_windows(rows, folder / "vllm-bench", output_len)
+        rows = fidelity.fill_from_bench_json(rows, folder / "vllm-bench", output_len)
     return doc, rows
 
 
