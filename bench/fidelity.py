@@ -652,11 +652,16 @@ def _paired(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key
     (their mean and its 95% t-interval). Pairing removes what the two runs of a repeat share (the server's
     and the host's state at the time) from the interval. Rows pooled from several runs carry their
     ``source``: a repeat pairs only within its own source (repeat 0 of two machines is two pairs)."""
+    return stats.describe([a / b for a, b in _pairs(rows, subject, reference, key) if b])
+
+
+def _pairs(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key: str) -> list[tuple[float, float]]:
+    """``(subject's, reference's)`` value of ``key`` in each repeat (of each ``source``) where both have it."""
     by: dict[tuple[str, int], dict[str, float]] = {}
     for r in rows:
         if r.get(key) is not None and r["client"] in (subject, reference):
             by.setdefault((str(r.get("source") or ""), int(r["repeat"])), {})[str(r["client"])] = float(r[key])
-    return stats.describe([v[subject] / v[reference] for _, v in sorted(by.items()) if len(v) == 2 and v[reference]])
+    return [(v[subject], v[reference]) for _, v in sorted(by.items()) if len(v) == 2]
 
 
 def _judgement(prefix: str, ci: Mapping[str, Any], tolerance: float) -> dict[str, Any]:
@@ -732,6 +737,36 @@ def load_side(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, Any]
     return {"inflight": inflight, "inflight_vs": vs}
 
 
+def client_lag(row: Mapping[str, Any]) -> float | None:
+    """A run's mean time in flight at the client beyond the server's mean latency, in seconds:
+    ``mean_inflight / window_rps - server_e2e_s``. ``mean_inflight / window_rps`` is exactly the client's
+    ``sum(end - send) / completed`` (:func:`mean_inflight`); ``server_e2e_s`` is the same requests' time by the
+    server's clock, its warm-up of equal shape and concurrency mixed in (:func:`server_latency`). What is
+    left is the client's share: the way to the server and back, and how late its event loop reads a stream's
+    end. Of two clients at one batch, the one with more lag reports less throughput for the same service.
+    None where the run lacks one of the three."""
+    inflight, window, server = (row.get(k) for k in ("mean_inflight", "window_rps", "server_e2e_s"))
+    if inflight is None or not window or server is None:
+        return None
+    return float(inflight) / float(window) - float(server)
+
+
+def client_side(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, Any]:
+    """Per client, the mean of its runs' :func:`client_lag` (``lag_s``), and against every other client the
+    paired difference ``subject - client`` of it (``lag_vs``, :func:`slmserve.stats.describe` of the
+    repeats' differences: a lag can be near 0, so no ratio). Beside ``load_side`` it splits a throughput gap:
+    same load and a lag difference is the clients' clocks, same lag is the server's speed."""
+    lagged = [{**r, "client_lag_s": client_lag(r)} for r in rows]
+    names = dict.fromkeys(str(r["client"]) for r in rows)
+    values = {name: [r["client_lag_s"] for r in lagged if r["client"] == name and r["client_lag_s"] is not None]
+              for name in names}  # fmt: skip
+    differences = {name: [a - b for a, b in _pairs(lagged, subject, name, "client_lag_s")] for name in names}
+    return {
+        "lag_s": {name: statistics.fmean(v) if v else None for name, v in values.items()},
+        "lag_vs": {name: stats.describe(d) for name, d in differences.items() if name != subject},
+    }
+
+
 def summarize(
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -755,7 +790,8 @@ def summarize(
     ``paired_vs`` holds the same pairing against every other client at the batch (``ratio``, ``n``, ``ci_lo``,
     ``ci_hi``, ``sd``, ``verdict``, ``equivalent``), on its window where it has one. ``host_link`` asks whether
     the runs' spread follows the host (:func:`host_link`), ``server_side`` whether it is the server's speed
-    (:func:`server_side`), ``load_side`` whether the clients kept the same load (:func:`load_side`). A run
+    (:func:`server_side`), ``load_side`` whether the clients kept the same load (:func:`load_side`),
+    ``client_side`` how much of their requests' time was the client's own (:func:`client_side`). A run
     with throughput ``None`` (nothing completed) is left out of the means; ``all_ok`` says whether every
     request of every run of the client completed."""
     batches: list[dict[str, Any]] = []
@@ -813,6 +849,7 @@ def summarize(
                 "host_link": host_link(at),
                 "server_side": server_side(at, subject),
                 "load_side": load_side(at, subject),
+                "client_side": client_side(at, subject),
             }
         )
     return {

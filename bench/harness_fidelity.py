@@ -226,6 +226,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         side, load = b.get("server_side") or {}, b.get("load_side") or {}
         _print_side("server's mean latency (s)", side.get("e2e_s"), side.get("e2e_vs"), summary["subject"])
         _print_side("mean in flight", load.get("inflight"), load.get("inflight_vs"), summary["subject"])
+        lag = b.get("client_side") or {}
+        _print_side("time in flight beyond the server's (s)", lag.get("lag_s"), lag.get("lag_vs"),
+                    summary["subject"], difference=True)  # fmt: skip
         link = b.get("host_link") or {}
         if link.get("host_speed_ms_min") is not None:
             steal = _fmt(link["host_steal_frac_max"], ".2%")
@@ -234,15 +237,17 @@ def print_summary(summary: dict[str, Any]) -> None:
                   f" {_fmt(link['ci_hi'])}], n={link['n']}", flush=True)  # fmt: skip
 
 
-def _print_side(label: str, means: dict[str, Any] | None, vs: dict[str, Any] | None, subject: str) -> None:
-    """One line of a per-client mean and its paired ratios (:func:`fidelity.server_side`, :func:`fidelity.load_side`),
-    where a run has it."""
+def _print_side(label: str, means: dict[str, Any] | None, vs: dict[str, Any] | None, subject: str,
+                difference: bool = False) -> None:  # fmt: skip
+    """One line of a per-client mean and its paired ratios (:func:`fidelity.server_side`, :func:`fidelity.load_side`)
+    or differences (:func:`fidelity.client_side`), where a run has it."""
     if not means or all(v is None for v in means.values()):
         return
+    op, mark, spec = ("-", "", "+.4f") if difference else ("/", "/", ".4f")
     each = ", ".join(f"{k} {_fmt(v)}" for k, v in means.items())
-    pairs = ", ".join(f"/{k} {_fmt(v['mean'], '.4f')} [{_fmt(v['ci_lo'], '.4f')}, {_fmt(v['ci_hi'], '.4f')}]"
+    pairs = ", ".join(f"{mark}{k} {_fmt(v['mean'], spec)} [{_fmt(v['ci_lo'], spec)}, {_fmt(v['ci_hi'], spec)}]"
                       for k, v in (vs or {}).items())  # fmt: skip
-    print(f"    {label}: {each}; paired {subject} / client {pairs}", flush=True)
+    print(f"    {label}: {each}; paired {subject} {op} client {pairs}", flush=True)
 
 
 def _judged(label: str, ratio: float | None, lo: float | None, hi: float | None, verdict: str,

@@ -585,6 +585,30 @@ def test_mean_inflight_is_the_time_average_of_the_requests_in_flight() -> None:
     assert load["inflight_vs"]["minimal"]["mean"] == pytest.approx(4 / 3) and load["inflight_vs"]["minimal"]["n"] == 3
 
 
+def test_client_lag_is_the_time_in_flight_the_server_did_not_see(capsys: pytest.CaptureFixture[str]) -> None:
+    # 4 in flight at 100 req/s is 40 ms a request at the client; the server saw 30 ms of it
+    assert fidelity.client_lag({"mean_inflight": 4.0, "window_rps": 100.0, "server_e2e_s": 0.03}) == pytest.approx(0.01)
+    assert fidelity.client_lag({"mean_inflight": 4.0, "window_rps": 100.0}) is None  # a run before the server's read
+    assert fidelity.client_lag({"mean_inflight": 4.0, "window_rps": None, "server_e2e_s": 0.03}) is None
+    # the same load and the same service; minimal reads its streams' ends 10 ms later, so it measures 80 req/s
+    rows = [
+        {**_row(4, i, c, rps), "window_rps": rps, "mean_inflight": 4.0, "server_e2e_s": 0.03 + i / 1000}
+        for i in range(3)
+        for c, rps in (("slmserve", 4 / (0.04 + i / 1000)), ("minimal", 4 / (0.05 + i / 1000)))
+    ]
+    b = fidelity.summarize(rows)["batches"][0]
+    assert b["load_side"]["inflight_vs"]["minimal"]["mean"] == pytest.approx(1.0)
+    lag = b["client_side"]
+    assert lag["lag_s"] == {"slmserve": pytest.approx(0.01), "minimal": pytest.approx(0.02)}
+    vs = lag["lag_vs"]["minimal"]
+    assert vs["n"] == 3 and vs["mean"] == pytest.approx(-0.01) and vs["sd"] == pytest.approx(0.0, abs=1e-12)
+    harness_fidelity.print_summary(fidelity.summarize(rows))
+    assert "time in flight beyond the server's (s): slmserve 0.010, minimal 0.020; paired slmserve - client" \
+           " minimal -0.0100 [-0.0100, -0.0100]" in capsys.readouterr().out  # fmt: skip
+    old = fidelity.summarize([_row(4, 0, c, 100.0) for c in ("slmserve", "minimal")])["batches"][0]["client_side"]
+    assert old["lag_s"] == {"slmserve": None, "minimal": None} and old["lag_vs"]["minimal"]["n"] == 0
+
+
 def test_read_rows_takes_a_csv_written_before_the_host_columns(tmp_path: Path) -> None:
     path = tmp_path / "fidelity.csv"
     path.write_text("batch,repeat,client,n,ok,throughput_rps,output_tok_s,duration_s,window_rps,peak_inflight,error\n"
