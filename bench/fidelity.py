@@ -58,7 +58,7 @@ TOLERANCE = 0.02
 CSV_COLUMNS = (
     "batch", "repeat", "client", "n", "ok", "throughput_rps", "output_tok_s", "duration_s",
     "window_rps", "peak_inflight", "error", "host_speed_ms", "host_steal_frac", "server_requests", "server_e2e_s",
-    "mean_inflight",
+    "mean_inflight", "server_measured_requests", "server_measured_e2e_s",
 )  # fmt: skip
 
 # What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py), without the `vllm` console script.
@@ -108,6 +108,10 @@ class RunResult:
     """Their mean latency by the server's own clock (:func:`server_latency`)."""
     mean_inflight: float | None = None
     """The requests the client kept in flight, on the mean over its window (:func:`mean_inflight`)."""
+    server_measured_requests: int | None = None
+    """Requests the server finished after the run's warm-up (:func:`measured_latency`)."""
+    server_measured_e2e_s: float | None = None
+    """Their mean latency by the server's own clock, the warm-up left out (:func:`measured_latency`)."""
 
     def __post_init__(self) -> None:
         if self.window_rps is None and self.client != VLLM_BENCH:
@@ -710,6 +714,28 @@ def server_latency(before: Mapping[str, float], after: Mapping[str, float]) -> t
     return int(n), delta.get(f"{E2E}_sum", 0.0) / n
 
 
+E2E_KEPT = (f"{E2E}_count", f"{E2E}_sum")
+"""The samples :func:`measured_latency` needs from each read of a :class:`slmserve.enginemetrics.GaugePoller`."""
+
+
+def measured_latency(
+    before: Mapping[str, float], reads: Sequence[tuple[float, Mapping[str, float]]], after: Mapping[str, float],
+    warmup: int,
+) -> tuple[int | None, float | None]:  # fmt: skip
+    """:func:`server_latency` of the measured requests alone: from the first read polled during the run
+    (``reads``, in order) at which the server had finished exactly the ``warmup`` requests since ``before``, to
+    ``after``. Every client ends its whole warm-up before it sends a measured request, and a measured request
+    takes at least one full generation, so a poll at 1 Hz usually lands in that gap at a batch of 64 or more.
+    ``(None, None)`` where no read landed in it (a short run), a read failed, or nothing finished after it."""
+    count = f"{E2E}_count"
+    if warmup == 0:
+        return server_latency(before, after)
+    if count not in before:
+        return None, None
+    split = next((r for _, r in reads if count in r and r[count] - before[count] == warmup), None)
+    return (None, None) if split is None else server_latency(split, after)
+
+
 def _each_client(rows: Sequence[Mapping[str, Any]], subject: str, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per client, the mean of its runs' ``key`` (None where no run has it), and against every other client
     the paired ratio ``subject / client`` of it (:func:`_paired`)."""
@@ -721,11 +747,13 @@ def _each_client(rows: Sequence[Mapping[str, Any]], subject: str, key: str) -> t
 
 def server_side(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, Any]:
     """Per client, the mean of its runs' ``server_e2e_s`` (``e2e_s``), and against every other client the
-    paired ratio ``subject / client`` of it (``e2e_vs``). With the batch held at B by both
+    paired ratio ``subject / client`` of it (``e2e_vs``); the same of ``server_measured_e2e_s``, the warm-up
+    left out (``measured_e2e_s``, ``measured_e2e_vs``). With the batch held at B by both
     clients, a throughput ratio that this latency ratio mirrors (1.04 against 0.96) is the server serving
     one client's runs faster; a latency ratio of 1 beside it is the clients' load or accounting."""
     e2e, vs = _each_client(rows, subject, "server_e2e_s")
-    return {"e2e_s": e2e, "e2e_vs": vs}
+    measured, measured_vs = _each_client(rows, subject, "server_measured_e2e_s")
+    return {"e2e_s": e2e, "e2e_vs": vs, "measured_e2e_s": measured, "measured_e2e_vs": measured_vs}
 
 
 def load_side(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, Any]:
@@ -739,13 +767,16 @@ def load_side(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, Any]
 
 def client_lag(row: Mapping[str, Any]) -> float | None:
     """A run's mean time in flight at the client beyond the server's mean latency, in seconds:
-    ``mean_inflight / window_rps - server_e2e_s``. ``mean_inflight / window_rps`` is exactly the client's
-    ``sum(end - send) / completed`` (:func:`mean_inflight`); ``server_e2e_s`` is the same requests' time by the
-    server's clock, its warm-up of equal shape and concurrency mixed in (:func:`server_latency`). What is
-    left is the client's share: the way to the server and back, and how late its event loop reads a stream's
-    end. Of two clients at one batch, the one with more lag reports less throughput for the same service.
-    None where the run lacks one of the three."""
-    inflight, window, server = (row.get(k) for k in ("mean_inflight", "window_rps", "server_e2e_s"))
+    ``mean_inflight / window_rps - server latency``. ``mean_inflight / window_rps`` is exactly the client's
+    ``sum(end - send) / completed`` (:func:`mean_inflight`). The server latency is the same requests' time by
+    the server's clock: ``server_measured_e2e_s`` (:func:`measured_latency`) where the run has it, else
+    ``server_e2e_s``, its warm-up of equal shape and concurrency mixed in (:func:`server_latency`; every run
+    before 2026-12-04 evening). What is left is the client's share: the way to the server and back, and how
+    late its event loop reads a response's end. Of two clients at one batch, the one with more lag reports
+    less throughput for the same service. None where the run lacks one of them."""
+    server = row.get("server_measured_e2e_s")
+    server = row.get("server_e2e_s") if server is None else server
+    inflight, window = row.get("mean_inflight"), row.get("window_rps")
     if inflight is None or not window or server is None:
         return None
     return float(inflight) / float(window) - float(server)
@@ -875,9 +906,11 @@ def rows_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = CSV_COL
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``fidelity.csv`` (:func:`rows_csv`), numbers as numbers and empty fields as None."""
-    ints = dict.fromkeys(("batch", "repeat", "n", "ok", "peak_inflight", "server_requests"), pl.Int64)
+    ints = dict.fromkeys(("batch", "repeat", "n", "ok", "peak_inflight", "server_requests",
+                          "server_measured_requests"), pl.Int64)  # fmt: skip
     floats = dict.fromkeys(("throughput_rps", "output_tok_s", "duration_s", "window_rps", "host_speed_ms",
-                            "host_steal_frac", "server_e2e_s", "mean_inflight"), pl.Float64)  # fmt: skip
+                            "host_steal_frac", "server_e2e_s", "mean_inflight", "server_measured_e2e_s"),
+                           pl.Float64)  # fmt: skip
     return pl.read_csv(path, schema_overrides={**ints, **floats, "client": pl.String, "error": pl.String}).to_dicts()
 
 

@@ -17,8 +17,9 @@ mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a ha
 ``server-cap`` (asked for in ``--clients``) is the load generator with no client-side cap, every request sent at
 once so that the server's ``--max-num-seqs`` holds the batch (``batch_control: restart``); the server's cap is
 the largest batch, so it needs a single batch size. Every run records the host's speed and CPU steal around it,
-the server's own mean latency over it (vLLM's ``/metrics`` read before and after), and the requests its client
-kept in flight (:func:`bench.fidelity.mean_inflight`).
+the server's own mean latency over it (vLLM's ``/metrics`` read before and after, and polled once a second
+during it to split the warm-up off: :func:`bench.fidelity.measured_latency`), and the requests its client kept
+in flight (:func:`bench.fidelity.mean_inflight`).
 ``vllm bench serve`` runs as a process of its own for every run (``--bench-process run``, as before the option
 existed), or every run in one process that imports vLLM once (``worker``, :class:`bench.fidelity.BenchWorker`:
 20-25 s less per run on an H200 host; but on the CPU engine its runs measured 0.9824 [0.9684, 0.9965] of a
@@ -42,10 +43,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--input-len", type=int, default=512, help="prompt tokens (prompts are cut to this)")
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--warmup-requests", type=int, default=8)
+    ap.add_argument("--metrics-poll-s", type=float, default=1.0,
+                    help="poll the server's /metrics this often during each run (at least 1 s) to split the "
+                         "warm-up off its latency (server_measured_e2e_s); 0: do not poll (the protocol of the "
+                         "runs before 2026-12-04 evening)")  # fmt: skip
     ap.add_argument("--clients", nargs="+", choices=fidelity.CLIENTS, default=list(fidelity.DEFAULT_CLIENTS),
                     help="clients to run (default: slmserve vllm-bench minimal); server-cap: slmserve with no"
                          " client-side cap, the server's --max-num-seqs holding the batch"
@@ -175,6 +182,32 @@ def run_client(
     return result
 
 
+def measured_run(base_url: str, warmup: int, poll_s: float, run: Callable[[], RunResult]) -> RunResult:
+    """``run()`` (a :func:`run_client`) with what is read around it: the host's speed and steal, and the
+    server's latency over the run and over its measured requests alone, after ``warmup`` requests
+    (:func:`fidelity.measured_latency`, polled every ``poll_s``)."""
+    speed, cpu = provenance.time_host_ms(), telemetry.host_cpu_times()
+    before = enginemetrics.parse(enginemetrics.fetch(base_url))
+    with polling(base_url, poll_s) as poller:
+        res = run()
+    after = enginemetrics.parse(enginemetrics.fetch(base_url))
+    res.server_requests, res.server_e2e_s = fidelity.server_latency(before, after)
+    if poller is not None:
+        res.server_measured_requests, res.server_measured_e2e_s = fidelity.measured_latency(
+            before, poller.kept, after, warmup)  # fmt: skip
+    res.host_steal_frac = telemetry.steal_frac(cpu, telemetry.host_cpu_times())
+    res.host_speed_ms = (speed + provenance.time_host_ms()) / 2
+    return res
+
+
+def polling(base_url: str, interval_s: float) -> contextlib.AbstractContextManager[enginemetrics.GaugePoller | None]:
+    """A poller of the server's e2e latency counters during a run (:func:`fidelity.measured_latency`), at
+    ``--metrics-poll-s`` (at least 1 s: faster polling slows a host-bound model's API server); 0: none."""
+    if interval_s <= 0:
+        return contextlib.nullcontext()
+    return enginemetrics.GaugePoller(base_url, interval_s, keep=fidelity.E2E_KEPT)
+
+
 def bench_worker(
     args: argparse.Namespace, clients: list[str]
 ) -> contextlib.AbstractContextManager[fidelity.BenchWorker | None]:
@@ -225,6 +258,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             print(f"    SD of the pairs' ratios {b['paired_sd']:.4f}: ±{tol:.0%} takes about {plan}", flush=True)
         side, load = b.get("server_side") or {}, b.get("load_side") or {}
         _print_side("server's mean latency (s)", side.get("e2e_s"), side.get("e2e_vs"), summary["subject"])
+        _print_side("server's mean latency after the warm-up (s)", side.get("measured_e2e_s"),
+                    side.get("measured_e2e_vs"), summary["subject"])  # fmt: skip
         _print_side("mean in flight", load.get("inflight"), load.get("inflight_vs"), summary["subject"])
         lag = b.get("client_side") or {}
         _print_side("time in flight beyond the server's (s)", lag.get("lag_s"), lag.get("lag_vs"),
@@ -289,14 +324,10 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
             for client in fidelity.turns(clients, repeat):
                 t = time.monotonic()
                 try:
-                    tag = fidelity.run_tag(client, batch, repeat)
-                    speed, cpu = provenance.time_host_ms(), telemetry.host_cpu_times()
-                    metrics = enginemetrics.parse(enginemetrics.fetch(srv.base_url))
-                    res = run_client(client, srv, args, prompts, batch, tag, worker)
-                    after = enginemetrics.parse(enginemetrics.fetch(srv.base_url))
-                    res.server_requests, res.server_e2e_s = fidelity.server_latency(metrics, after)
-                    res.host_steal_frac = telemetry.steal_frac(cpu, telemetry.host_cpu_times())
-                    res.host_speed_ms = (speed + provenance.time_host_ms()) / 2
+                    run = functools.partial(run_client, client, srv, args, prompts, batch,
+                                            fidelity.run_tag(client, batch, repeat), worker)  # fmt: skip
+                    warmup = runner.warmup_for(args.warmup_requests, batch, len(prompts))
+                    res = measured_run(srv.base_url, warmup, args.metrics_poll_s, run)
                 except BenchUnavailable as exc:
                     if bench["usable"]:  # it ran before: a failed run, recorded as one
                         print(f"vllm bench serve failed at batch {batch} repeat {repeat}: {exc}", flush=True)

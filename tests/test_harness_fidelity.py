@@ -232,22 +232,25 @@ class _StandInVllmServer:
         return {"stand_in": True}
 
 
-def test_measure_records_the_host_around_every_run_and_server_cap_sends_all(
-    server: Callable[..., RecordingStandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    srv = server(token_delay_s=0.001)
+def _measure_on(srv: RecordingStandIn, monkeypatch: pytest.MonkeyPatch, out: Path, n: int, *argv: str) -> list[dict]:
+    """:func:`harness_fidelity.measure` of ``n`` prompts at batch 4 (6 tokens in, 6 out) with ``argv`` against the
+    stand-in ``srv`` (no vLLM, no GPU, no host probe): the rows of its ``fidelity.csv``."""
     monkeypatch.setattr(harness_fidelity, "VllmServer", _StandInVllmServer(srv))
     monkeypatch.setattr(harness_fidelity, "batch_fits", lambda *a, **k: None)
     monkeypatch.setattr(harness_fidelity.runner, "server_spec", lambda *a, **k: None)
     monkeypatch.setattr(harness_fidelity.provenance, "collect", lambda *a, **k: {"git_sha": "abc"})
-    args = harness_fidelity.parse_args([
-        "--out", str(tmp_path), "--served-name", MODEL, "--batch-sizes", "4", "--repeats", "2", "--requests", "12",
-        "--input-len", "6", "--output-len", "6", "--warmup-requests", "2", "--clients", "slmserve", "minimal",
-        "server-cap",
-    ])  # fmt: skip
-    alloc = harness_fidelity.Allocation(ids=(), nvml_indices=())
-    assert harness_fidelity.measure(args, alloc, _prompts(12)) == 0
-    rows = fidelity.read_rows(tmp_path / "fidelity.csv")
+    fixed = ["--out", str(out), "--served-name", MODEL, "--batch-sizes", "4", "--input-len", "6", "--output-len", "6"]
+    args = harness_fidelity.parse_args([*fixed, "--requests", str(n), *argv])
+    assert harness_fidelity.measure(args, harness_fidelity.Allocation(ids=(), nvml_indices=()), _prompts(n)) == 0
+    return fidelity.read_rows(out / "fidelity.csv")
+
+
+def test_measure_records_the_host_around_every_run_and_server_cap_sends_all(
+    server: Callable[..., RecordingStandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    srv = server(token_delay_s=0.001)
+    rows = _measure_on(srv, monkeypatch, tmp_path, 12, "--repeats", "2", "--warmup-requests", "2",
+                       "--clients", "slmserve", "minimal", "server-cap")  # fmt: skip
     assert sorted((r["repeat"], r["client"]) for r in rows) == [
         (i, c) for i in (0, 1) for c in ("minimal", "server-cap", "slmserve")
     ]
@@ -271,6 +274,45 @@ def test_measure_records_the_host_around_every_run_and_server_cap_sends_all(
     assert load["inflight"]["slmserve"] == pytest.approx(statistics.fmean(
         r["mean_inflight"] for r in rows if r["client"] == "slmserve"))  # fmt: skip
     assert load["inflight_vs"]["server-cap"]["n"] == 2
+
+
+def test_measure_splits_the_warm_up_off_the_servers_latency(
+    server: Callable[..., RecordingStandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # requests of 6 tokens x 0.3 s: a 1.8 s warm-up round, then a measured one; a poll at 1 Hz lands between
+    srv = server(token_delay_s=0.3)
+    rows = _measure_on(srv, monkeypatch, tmp_path, 4, "--repeats", "1", "--warmup-requests", "4",
+                       "--clients", "slmserve", "minimal")  # fmt: skip
+    assert [r["client"] for r in rows] == ["slmserve", "minimal"]
+    for row in rows:
+        assert row["server_requests"] == 8 and row["server_measured_requests"] == 4  # the warm-up's 4 left out
+        assert 1.8 <= row["server_measured_e2e_s"] < 3.0
+        assert fidelity.client_lag(row) == pytest.approx(
+            row["mean_inflight"] / row["window_rps"] - row["server_measured_e2e_s"])  # fmt: skip
+    (b,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
+    assert b["server_side"]["measured_e2e_vs"]["minimal"]["n"] == 1
+
+
+def test_measured_latency_starts_at_the_read_that_saw_the_whole_warm_up() -> None:
+    e2e = "vllm:e2e_request_latency_seconds"
+    before = {f"{e2e}_count": 100.0, f"{e2e}_sum": 50.0}
+    reads = [
+        (0.0, {f"{e2e}_count": 100.0, f"{e2e}_sum": 50.0}),
+        (1.0, {}),  # a failed read in the warm-up
+        (2.0, {f"{e2e}_count": 104.0, f"{e2e}_sum": 54.0}),
+        (3.0, {f"{e2e}_count": 106.0, f"{e2e}_sum": 60.0}),
+    ]
+    after = {f"{e2e}_count": 112.0, f"{e2e}_sum": 78.0}  # 4 warm-up requests of 1 s, then 8 of 3 s
+    assert fidelity.measured_latency(before, reads, after, warmup=4) == (8, pytest.approx(3.0))
+    assert fidelity.server_latency(before, after) == (12, pytest.approx(28 / 12))  # the mixed mean
+    assert fidelity.measured_latency(before, reads[:2], after, warmup=4) == (None, None)  # no read in the gap
+    assert fidelity.measured_latency(before, reads, after, warmup=5) == (None, None)  # a poll never saw 5
+    assert fidelity.measured_latency({}, reads, after, warmup=4) == (None, None)  # the read before failed
+    assert fidelity.measured_latency(before, [], after, warmup=0) == (12, pytest.approx(28 / 12))  # no warm-up
+    # the lag subtracts the measured requests' latency where a run has it, else the mixed one
+    row = {"mean_inflight": 4.0, "window_rps": 1.0, "server_e2e_s": 28 / 12, "server_measured_e2e_s": 3.0}
+    assert fidelity.client_lag(row) == pytest.approx(1.0)
+    assert fidelity.client_lag({**row, "server_measured_e2e_s": None}) == pytest.approx(4.0 - 28 / 12)
 
 
 # --- vllm bench serve ------------------------------------------------------------------------------
@@ -642,7 +684,7 @@ def test_write_outputs(tmp_path: Path) -> None:
     res = fidelity.RunResult("minimal", n=4, ok=3, duration_s=2.0, throughput_rps=1.5, output_tok_s=24.0,
                              output_tokens=48, peak_inflight=2, error="HTTP 400: no", host_speed_ms=0.5,
                              host_steal_frac=0.0, server_requests=7, server_e2e_s=0.25,
-                             mean_inflight=1.75)  # fmt: skip
+                             mean_inflight=1.75, server_measured_requests=4, server_measured_e2e_s=0.3)  # fmt: skip
     rows = [res.row(4, 1), _row(4, 0, "slmserve", 1.5, n=4)]
     summary = {**fidelity.summarize(rows), "provenance": {"git_sha": "abc"}}
     csv_path, json_path = fidelity.write_outputs(tmp_path / "out", rows, summary)
@@ -653,7 +695,7 @@ def test_write_outputs(tmp_path: Path) -> None:
         "batch": "4", "repeat": "1", "client": "minimal", "n": "4", "ok": "3", "throughput_rps": "1.5",
         "output_tok_s": "24.0", "duration_s": "2.0", "window_rps": "1.5", "peak_inflight": "2", "error": "HTTP 400: no",
         "host_speed_ms": "0.5", "host_steal_frac": "0.0", "server_requests": "7", "server_e2e_s": "0.25",
-        "mean_inflight": "1.75",
+        "mean_inflight": "1.75", "server_measured_requests": "4", "server_measured_e2e_s": "0.3",
     }  # fmt: skip
     assert got[1]["client"] == "slmserve" and got[1]["duration_s"] == "" and got[1]["peak_inflight"] == ""
     doc = json.loads(json_path.read_text())
@@ -672,7 +714,9 @@ def test_judge_reads_the_csv_back_and_keeps_the_run_description(tmp_path: Path, 
                                                                 "peak_inflight": None, "host_speed_ms": None,
                                                                 "host_steal_frac": None, "server_requests": None,
                                                                 "server_e2e_s": None,
-                                                                "mean_inflight": None}  # fmt: skip
+                                                                "mean_inflight": None,
+                                                                "server_measured_requests": None,
+                                                                "server_measured_e2e_s": None}  # fmt: skip
     assert harness_fidelity.main(["--out", str(tmp_path), "--judge"]) == 0
     doc = json.loads((tmp_path / "fidelity.json").read_text())
     assert doc["batches"][0]["verdict"] == "agree" and doc["provenance"] == {"git_sha": "abc"}

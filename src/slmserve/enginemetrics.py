@@ -76,19 +76,26 @@ def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
 
 
 class GaugePoller:
-    """Poll the running and waiting gauges of one server every ``interval_s`` (>= 1 s) in a thread."""
+    """Poll the running and waiting gauges of one server every ``interval_s`` (>= 1 s) in a thread; with
+    ``keep``, also those samples of every read (:attr:`kept`, ``(t_mono, {name: value})``, a failed read's
+    empty)."""
 
-    def __init__(self, base_url: str, interval_s: float = POLL_S) -> None:
+    def __init__(self, base_url: str, interval_s: float = POLL_S, keep: tuple[str, ...] = ()) -> None:
         self.base_url = base_url
         self.interval_s = max(POLL_S, interval_s)
         self.samples: list[tuple[float, float | None, float | None]] = []  # (t_mono, running, waiting)
+        self.keep = keep
+        self.kept: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="slmserve-gauges", daemon=True)
 
     def _run(self) -> None:
         while True:
             values = parse(fetch(self.base_url, timeout=5.0))  # a busy API server may answer late
-            self.samples.append((time.monotonic(), values.get(RUNNING), values.get(WAITING)))
+            now = time.monotonic()
+            self.samples.append((now, values.get(RUNNING), values.get(WAITING)))
+            if self.keep:
+                self.kept.append((now, {k: values[k] for k in self.keep if k in values}))
             if self._stop.wait(self.interval_s):
                 return
 
