@@ -725,8 +725,9 @@ def measured_latency(
     """:func:`server_latency` of the measured requests alone: from the first read polled during the run
     (``reads``, in order) at which the server had finished exactly the ``warmup`` requests since ``before``, to
     ``after``. Every client ends its whole warm-up before it sends a measured request, and a measured request
-    takes at least one full generation, so a poll at 1 Hz usually lands in that gap at a batch of 64 or more.
-    ``(None, None)`` where no read landed in it (a short run), a read failed, or nothing finished after it."""
+    takes at least one full generation, so a read lands in that gap when it is longer than the poll interval
+    (on the CPU engine at b=8: all 6 runs, ``bench/results/cpu-measured-latency-check/``). ``(None, None)``
+    where no read landed in it (a short run), a read failed, or nothing finished after it."""
     count = f"{E2E}_count"
     if warmup == 0:
         return server_latency(before, after)
