@@ -737,13 +737,22 @@ def measured_latency(
     return (None, None) if split is None else server_latency(split, after)
 
 
-def _each_client(rows: Sequence[Mapping[str, Any]], subject: str, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _each_client(
+    rows: Sequence[Mapping[str, Any]], subject: str, key: str, compare: Callable[..., dict[str, Any]] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per client, the mean of its runs' ``key`` (None where no run has it), and against every other client
-    the paired ratio ``subject / client`` of it (:func:`_paired`)."""
+    ``compare(rows, subject, client, key)`` of it: the paired ratio ``subject / client`` (:func:`_paired`)
+    unless given."""
+    compare = _paired if compare is None else compare
     names = dict.fromkeys(str(r["client"]) for r in rows)
-    values = {name: [float(r[key]) for r in rows if r["client"] == name and r.get(key)] for name in names}
+    values = {name: [float(r[key]) for r in rows if r["client"] == name and r.get(key) is not None] for name in names}
     means = {name: statistics.fmean(v) if v else None for name, v in values.items()}
-    return means, {name: _paired(rows, subject, name, key) for name in names if name != subject}
+    return means, {name: compare(rows, subject, name, key) for name in names if name != subject}
+
+
+def _paired_difference(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key: str) -> dict[str, Any]:
+    """As :func:`_paired`, of the difference ``subject - reference`` within each repeat."""
+    return stats.describe([a - b for a, b in _pairs(rows, subject, reference, key)])
 
 
 def server_side(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, Any]:
@@ -789,14 +798,8 @@ def client_side(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, An
     repeats' differences: a lag can be near 0, so no ratio). Beside ``load_side`` it splits a throughput gap:
     same load and a lag difference is the clients' clocks, same lag is the server's speed."""
     lagged = [{**r, "client_lag_s": client_lag(r)} for r in rows]
-    names = dict.fromkeys(str(r["client"]) for r in rows)
-    values = {name: [r["client_lag_s"] for r in lagged if r["client"] == name and r["client_lag_s"] is not None]
-              for name in names}  # fmt: skip
-    differences = {name: [a - b for a, b in _pairs(lagged, subject, name, "client_lag_s")] for name in names}
-    return {
-        "lag_s": {name: statistics.fmean(v) if v else None for name, v in values.items()},
-        "lag_vs": {name: stats.describe(d) for name, d in differences.items() if name != subject},
-    }
+    lag, vs = _each_client(lagged, subject, "client_lag_s", _paired_difference)
+    return {"lag_s": lag, "lag_vs": vs}
 
 
 def summarize(
