@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import polars as pl
+import psutil
 
 from slmserve import analysis, enginemetrics, io, loadgen, runner, stats
 from slmserve.loadgen import LoadSpec, run_load_async, to_frame
@@ -58,7 +59,8 @@ TOLERANCE = 0.02
 CSV_COLUMNS = (
     "batch", "repeat", "client", "n", "ok", "throughput_rps", "output_tok_s", "duration_s",
     "window_rps", "peak_inflight", "error", "host_speed_ms", "host_steal_frac", "server_requests", "server_e2e_s",
-    "mean_inflight", "server_measured_requests", "server_measured_e2e_s",
+    "mean_inflight", "server_measured_requests", "server_measured_e2e_s", "client_cpu_frac", "api_server_cpu_frac",
+    "engine_cpu_frac",
 )  # fmt: skip
 
 # What `vllm bench serve` runs (vllm/entrypoints/cli/benchmark/serve.py), without the `vllm` console script.
@@ -112,6 +114,12 @@ class RunResult:
     """Requests the server finished after the run's warm-up (:func:`measured_latency`)."""
     server_measured_e2e_s: float | None = None
     """Their mean latency by the server's own clock, the warm-up left out (:func:`measured_latency`)."""
+    client_cpu_frac: float | None = None
+    """Cores the client's process used while its measured requests were served (:func:`measured_cpu`)."""
+    api_server_cpu_frac: float | None = None
+    """Cores vLLM's API server process used meanwhile (:func:`measured_cpu`)."""
+    engine_cpu_frac: float | None = None
+    """Cores the server's other processes (its engine core) used meanwhile (:func:`measured_cpu`)."""
 
     def __post_init__(self) -> None:
         if self.window_rps is None and self.client != VLLM_BENCH:
@@ -511,6 +519,11 @@ class BenchWorker:
         threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()
         return self
 
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id while it runs (the process a :class:`CpuProbe` reads as the client)."""
+        return self._proc.pid if self._proc is not None else None
+
     def _read(self, stream: Any) -> None:
         for line in stream:
             self._lines.put(line)
@@ -579,10 +592,12 @@ def vllm_bench_client(
     timeout_s: float = 3600.0,
     python: str = sys.executable,
     worker: BenchWorker | None = None,
+    on_start: Callable[[int], object] | None = None,
 ) -> RunResult:
     """Run ``vllm bench serve`` once, offline (``HF_HUB_OFFLINE=1``): a process of its own, or a run of
-    ``worker``; its output goes to ``workdir/tag.log``. Raises :class:`BenchUnavailable` if it does not produce
-    a result."""
+    ``worker``; its output goes to ``workdir/tag.log``; ``on_start`` gets the process id of the process that runs
+    it (the worker's, or the new process's as soon as it starts). Raises :class:`BenchUnavailable` if it does
+    not produce a result."""
     dataset = workdir / f"prompts-in{len(prompts[0])}-n{len(prompts)}.jsonl"
     write_bench_prompts(dataset, prompts)
     result_file = f"{tag}.json"
@@ -594,6 +609,8 @@ def vllm_bench_client(
     log_path = workdir / f"{tag}.log"
     if worker is not None:
         log_path.write_text("# vllm bench serve (worker) " + " ".join(argv) + "\n")
+        if on_start is not None and worker.pid is not None:
+            on_start(worker.pid)
         worker.run(argv, log_path, timeout_s)
         code = 0
     else:
@@ -601,13 +618,22 @@ def vllm_bench_client(
         with log_path.open("w") as log:
             log.write("# " + " ".join(cmd) + "\n")
             log.flush()
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **_OFFLINE}, preexec_fn=pdeathsig,
+            )  # fmt: skip
+            if on_start is not None:
+                on_start(proc.pid)
             try:
-                code = subprocess.run(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env={**os.environ, **_OFFLINE}, timeout=timeout_s,
-                ).returncode  # fmt: skip
+                code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired as exc:
+                proc.kill()
+                proc.wait()
                 raise BenchUnavailable(f"vllm bench serve timed out after {timeout_s:.0f} s (log: {log_path})") from exc
+            finally:
+                if proc.poll() is None:  # interrupted (a signal, the server's death): the run ends with it
+                    proc.kill()
+                    proc.wait()
     if code != 0 or not (workdir / result_file).exists():
         raise BenchUnavailable(f"{_why(log_path)} (exit code {code}; log: {log_path})")
     obj = json.loads((workdir / result_file).read_text())
@@ -714,8 +740,9 @@ def server_latency(before: Mapping[str, float], after: Mapping[str, float]) -> t
     return int(n), delta.get(f"{E2E}_sum", 0.0) / n
 
 
-E2E_KEPT = (f"{E2E}_count", f"{E2E}_sum")
-"""The samples :func:`measured_latency` needs from each read of a :class:`slmserve.enginemetrics.GaugePoller`."""
+E2E_KEPT = (f"{E2E}_count", f"{E2E}_sum", enginemetrics.RUNNING)
+"""The samples :func:`measured_latency` and :func:`measured_cpu` need from each read of a
+:class:`slmserve.enginemetrics.GaugePoller`."""
 
 
 def measured_latency(
@@ -728,13 +755,90 @@ def measured_latency(
     takes at least one full generation, so a read lands in that gap when it is longer than the poll interval
     (on the CPU engine at b=8: all 6 runs, ``bench/results/cpu-measured-latency-check/``). ``(None, None)``
     where no read landed in it (a short run), a read failed, or nothing finished after it."""
-    count = f"{E2E}_count"
     if warmup == 0:
         return server_latency(before, after)
+    split = _split(before, reads, warmup)
+    return (None, None) if split is None else server_latency(reads[split][1], after)
+
+
+def _split(before: Mapping[str, float], reads: Sequence[tuple[float, Mapping[str, float]]], warmup: int) -> int | None:
+    """The index of the first read in ``reads`` at which the server had finished exactly ``warmup`` requests
+    since ``before`` (:func:`measured_latency`); None where none did or ``before`` failed."""
+    count = f"{E2E}_count"
     if count not in before:
-        return None, None
-    split = next((r for _, r in reads if count in r and r[count] - before[count] == warmup), None)
-    return (None, None) if split is None else server_latency(split, after)
+        return None
+    hits = (i for i, (_, r) in enumerate(reads) if count in r and r[count] - before[count] == warmup)
+    return next(hits, None)
+
+
+# --- the processes' CPU over a run -----------------------------------------------------------------
+
+CPU_READS = {"client_cpu_frac": "client_cpu_s", "api_server_cpu_frac": "api_server_cpu_s",
+             "engine_cpu_frac": "engine_cpu_s"}  # fmt: skip
+"""Each :class:`RunResult` CPU field and the reading of :class:`CpuProbe` it is worked out from."""
+
+
+def process_cpu_s(pid: int | None, *, descendants: bool = False) -> float | None:
+    """CPU seconds (user + system, every thread) that process ``pid`` has used so far, or with ``descendants``
+    the sum over its living descendants (a vLLM server's engine core and workers); None without the process."""
+    if pid is None:
+        return None
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) if descendants else [root]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):  # one that ended after it was listed counts nothing
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+@dataclass
+class CpuProbe:
+    """What every poll of a run reads besides the server's counters (a :class:`slmserve.enginemetrics.GaugePoller`'s
+    ``extra``): the CPU seconds so far of the client's process (``client``: this process, or ``vllm bench
+    serve``'s, set for each run), of vLLM's API server (``server``) and of the server's other processes."""
+
+    server: int | None
+    client: int | None = None
+
+    def __call__(self) -> dict[str, float]:
+        reads = {
+            "client_cpu_s": process_cpu_s(self.client),
+            "api_server_cpu_s": process_cpu_s(self.server),
+            "engine_cpu_s": process_cpu_s(self.server, descendants=True),
+        }
+        return {k: v for k, v in reads.items() if v is not None}
+
+
+def measured_cpu(
+    before: Mapping[str, float], reads: Sequence[tuple[float, Mapping[str, float]]], warmup: int
+) -> dict[str, float | None]:
+    """Cores each process used while a run's measured requests were served, for every :data:`CPU_READS`
+    field: ``Δ CPU seconds / Δ t`` from the read at which the warm-up had finished (the split of
+    :func:`measured_latency`; the first read without a warm-up) to the last read at which the server was
+    still running requests (``vllm:num_requests_running`` > 0). So a client's start-up (``vllm bench serve``'s
+    imports), its warm-up and what it works out after the last response stay outside. 1.0 is one core busy
+    for the whole span: a client near it reads its responses late. None where the span is under a second (no
+    two reads), a read lacks the process, or its descendants' CPU went down (one ended)."""
+    none: dict[str, float | None] = dict.fromkeys(CPU_READS)
+    first = 0 if warmup == 0 else _split(before, reads, warmup)
+    if first is None or not reads:
+        return none
+    busy = [i for i, (_, r) in enumerate(reads) if i > first and r.get(enginemetrics.RUNNING, 0) > 0]
+    if not busy:
+        return none
+    (t0, r0), (t1, r1) = reads[first], reads[busy[-1]]
+    if t1 - t0 < enginemetrics.POLL_S:
+        return none
+    out = dict(none)
+    for field, key in CPU_READS.items():
+        if key in r0 and key in r1 and r1[key] >= r0[key]:
+            out[field] = (r1[key] - r0[key]) / (t1 - t0)
+    return out
 
 
 def _each_client(
@@ -802,6 +906,17 @@ def client_side(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, An
     return {"lag_s": lag, "lag_vs": vs}
 
 
+def cpu_side(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, Any]:
+    """Per client, the mean of its runs' every :data:`CPU_READS` field (cores, :func:`measured_cpu`), and
+    against every other client the paired difference ``subject - client`` of it (``<field>_vs``). A client
+    whose process is near one core reads its responses late (its ``client_side`` lag); an API server busier
+    for one client's requests serves them slower (its ``server_side`` latency)."""
+    out: dict[str, Any] = {}
+    for field in CPU_READS:
+        out[field], out[f"{field}_vs"] = _each_client(rows, subject, field, _paired_difference)
+    return out
+
+
 def summarize(
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -826,7 +941,8 @@ def summarize(
     ``ci_hi``, ``sd``, ``verdict``, ``equivalent``), on its window where it has one. ``host_link`` asks whether
     the runs' spread follows the host (:func:`host_link`), ``server_side`` whether it is the server's speed
     (:func:`server_side`), ``load_side`` whether the clients kept the same load (:func:`load_side`),
-    ``client_side`` how much of their requests' time was the client's own (:func:`client_side`). A run
+    ``client_side`` how much of their requests' time was the client's own (:func:`client_side`), ``cpu_side``
+    how busy each client's process and the server's were meanwhile (:func:`cpu_side`). A run
     with throughput ``None`` (nothing completed) is left out of the means; ``all_ok`` says whether every
     request of every run of the client completed."""
     batches: list[dict[str, Any]] = []
@@ -885,6 +1001,7 @@ def summarize(
                 "server_side": server_side(at, subject),
                 "load_side": load_side(at, subject),
                 "client_side": client_side(at, subject),
+                "cpu_side": cpu_side(at, subject),
             }
         )
     return {
@@ -913,7 +1030,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     ints = dict.fromkeys(("batch", "repeat", "n", "ok", "peak_inflight", "server_requests",
                           "server_measured_requests"), pl.Int64)  # fmt: skip
     floats = dict.fromkeys(("throughput_rps", "output_tok_s", "duration_s", "window_rps", "host_speed_ms",
-                            "host_steal_frac", "server_e2e_s", "mean_inflight", "server_measured_e2e_s"),
+                            "host_steal_frac", "server_e2e_s", "mean_inflight", "server_measured_e2e_s",
+                            *CPU_READS),
                            pl.Float64)  # fmt: skip
     return pl.read_csv(path, schema_overrides={**ints, **floats, "client": pl.String, "error": pl.String}).to_dicts()
 

@@ -18,8 +18,10 @@ mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a ha
 once so that the server's ``--max-num-seqs`` holds the batch (``batch_control: restart``); the server's cap is
 the largest batch, so it needs a single batch size. Every run records the host's speed and CPU steal around it,
 the server's own mean latency over it (vLLM's ``/metrics`` read before and after, and polled once a second
-during it to split the warm-up off: :func:`bench.fidelity.measured_latency`), and the requests its client kept
-in flight (:func:`bench.fidelity.mean_inflight`).
+during it to split the warm-up off: :func:`bench.fidelity.measured_latency`), the requests its client kept
+in flight (:func:`bench.fidelity.mean_inflight`), and the cores its client's process, vLLM's API server and the
+server's engine core used while the measured requests were served (read at each poll:
+:func:`bench.fidelity.measured_cpu`).
 ``vllm bench serve`` runs as a process of its own for every run (``--bench-process run``, as before the option
 existed), or every run in one process that imports vLLM once (``worker``, :class:`bench.fidelity.BenchWorker`:
 20-25 s less per run on an H200 host; but on the CPU engine its runs measured 0.9824 [0.9684, 0.9965] of a
@@ -46,6 +48,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -157,8 +160,13 @@ def run_client(
     batch: int,
     tag: str,
     worker: fidelity.BenchWorker | None = None,
+    probe: fidelity.CpuProbe | None = None,
 ) -> RunResult:
+    """One run of ``client``; ``probe`` (read by the run's polls) is pointed at the process the client runs in."""
     warmup = runner.warmup_for(args.warmup_requests, batch, len(prompts))
+    on_start = functools.partial(setattr, probe, "client") if probe is not None else None
+    if on_start is not None:
+        on_start(os.getpid() if client != VLLM_BENCH else None)  # vllm bench serve's is known once it starts
     if client in (SUBJECT, SERVER_CAP):
         spec = fidelity.slmserve_spec(
             srv.base_url, args.served_name, prompts, args.output_len, batch,
@@ -175,37 +183,46 @@ def run_client(
         result = fidelity.vllm_bench_client(
             base_url=srv.base_url, model=args.served_name, prompts=prompts, output_len=args.output_len,
             concurrency=batch, warmup=warmup, workdir=args.out / "vllm-bench", tag=tag, timeout_s=args.run_timeout_s,
-            worker=worker,
+            worker=worker, on_start=on_start,
         )  # fmt: skip
     if not srv.alive():
         raise RuntimeError(f"the vLLM server died during the {client} run {tag}")
     return result
 
 
-def measured_run(base_url: str, warmup: int, poll_s: float, run: Callable[[], RunResult]) -> RunResult:
+def measured_run(
+    base_url: str, warmup: int, poll_s: float, run: Callable[[], RunResult], probe: fidelity.CpuProbe | None = None
+) -> RunResult:
     """``run()`` (a :func:`run_client`) with what is read around it: the host's speed and steal, and the
     server's latency over the run and over its measured requests alone, after ``warmup`` requests
-    (:func:`fidelity.measured_latency`, polled every ``poll_s``)."""
+    (:func:`fidelity.measured_latency`, polled every ``poll_s``), and with ``probe`` the cores the client's and
+    the server's processes used meanwhile (:func:`fidelity.measured_cpu`)."""
     speed, cpu = provenance.time_host_ms(), telemetry.host_cpu_times()
     before = enginemetrics.parse(enginemetrics.fetch(base_url))
-    with polling(base_url, poll_s) as poller:
+    with polling(base_url, poll_s, probe) as poller:
         res = run()
     after = enginemetrics.parse(enginemetrics.fetch(base_url))
     res.server_requests, res.server_e2e_s = fidelity.server_latency(before, after)
     if poller is not None:
         res.server_measured_requests, res.server_measured_e2e_s = fidelity.measured_latency(
             before, poller.kept, after, warmup)  # fmt: skip
+        if probe is not None:
+            for field, cores in fidelity.measured_cpu(before, poller.kept, warmup).items():
+                setattr(res, field, cores)
     res.host_steal_frac = telemetry.steal_frac(cpu, telemetry.host_cpu_times())
     res.host_speed_ms = (speed + provenance.time_host_ms()) / 2
     return res
 
 
-def polling(base_url: str, interval_s: float) -> contextlib.AbstractContextManager[enginemetrics.GaugePoller | None]:
+def polling(
+    base_url: str, interval_s: float, probe: fidelity.CpuProbe | None = None
+) -> contextlib.AbstractContextManager[enginemetrics.GaugePoller | None]:
     """A poller of the server's e2e latency counters during a run (:func:`fidelity.measured_latency`), at
-    ``--metrics-poll-s`` (at least 1 s: faster polling slows a host-bound model's API server); 0: none."""
+    ``--metrics-poll-s`` (at least 1 s: faster polling slows a host-bound model's API server), that reads
+    ``probe`` too; 0: none."""
     if interval_s <= 0:
         return contextlib.nullcontext()
-    return enginemetrics.GaugePoller(base_url, interval_s, keep=fidelity.E2E_KEPT)
+    return enginemetrics.GaugePoller(base_url, interval_s, keep=fidelity.E2E_KEPT, extra=probe)
 
 
 def bench_worker(
@@ -264,12 +281,22 @@ def print_summary(summary: dict[str, Any]) -> None:
         lag = b.get("client_side") or {}
         _print_side("time in flight beyond the server's (s)", lag.get("lag_s"), lag.get("lag_vs"),
                     summary["subject"], difference=True)  # fmt: skip
+        cpu = b.get("cpu_side") or {}
+        for field, label in CPU_LABELS.items():
+            _print_side(label, cpu.get(field), cpu.get(f"{field}_vs"), summary["subject"], difference=True)
         link = b.get("host_link") or {}
         if link.get("host_speed_ms_min") is not None:
             steal = _fmt(link["host_steal_frac_max"], ".2%")
             print(f"    host {link['host_speed_ms_min']:.2f}-{link['host_speed_ms_max']:.2f} ms, steal up to {steal};"
                   f" r(host speed, throughput) within clients {_fmt(link['r'])} [{_fmt(link['ci_lo'])},"
                   f" {_fmt(link['ci_hi'])}], n={link['n']}", flush=True)  # fmt: skip
+
+
+CPU_LABELS = {
+    "client_cpu_frac": "client's process after the warm-up (cores)",
+    "api_server_cpu_frac": "API server meanwhile (cores)",
+    "engine_cpu_frac": "server's other processes meanwhile (cores)",
+}
 
 
 def _print_side(label: str, means: dict[str, Any] | None, vs: dict[str, Any] | None, subject: str,
@@ -307,6 +334,7 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
     spec = runner.server_spec(job, alloc, max(batches), "fidelity")
     with bench_worker(args, clients) as worker, VllmServer(spec) as srv:  # the worker imports as the server starts
         log.info("server up in %.1f s, KV cache %s tokens", srv.startup_s, srv.kv_cache_tokens)
+        probe = fidelity.CpuProbe(server=srv.pid)
 
         def document() -> dict[str, Any]:
             doc = fidelity.summarize(rows, reference=reference, tolerance=args.tolerance)
@@ -325,9 +353,9 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
                 t = time.monotonic()
                 try:
                     run = functools.partial(run_client, client, srv, args, prompts, batch,
-                                            fidelity.run_tag(client, batch, repeat), worker)  # fmt: skip
+                                            fidelity.run_tag(client, batch, repeat), worker, probe)  # fmt: skip
                     warmup = runner.warmup_for(args.warmup_requests, batch, len(prompts))
-                    res = measured_run(srv.base_url, warmup, args.metrics_poll_s, run)
+                    res = measured_run(srv.base_url, warmup, args.metrics_poll_s, run, probe)
                 except BenchUnavailable as exc:
                     if bench["usable"]:  # it ran before: a failed run, recorded as one
                         print(f"vllm bench serve failed at batch {batch} repeat {repeat}: {exc}", flush=True)

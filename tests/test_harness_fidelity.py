@@ -8,12 +8,16 @@ import asyncio
 import csv
 import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import psutil
 import pytest
 from aiohttp import web
 
@@ -215,6 +219,7 @@ class _StandInVllmServer:
 
     def __init__(self, srv: RecordingStandIn) -> None:
         self.base_url, self.startup_s, self.kv_cache_tokens = srv.base_url, 0.0, None
+        self.pid = os.getpid()  # the stand-in serves from a thread of this process
 
     def __call__(self, spec: Any) -> _StandInVllmServer:
         return self
@@ -289,8 +294,56 @@ def test_measure_splits_the_warm_up_off_the_servers_latency(
         assert 1.8 <= row["server_measured_e2e_s"] < 3.0
         assert fidelity.client_lag(row) == pytest.approx(
             row["mean_inflight"] / row["window_rps"] - row["server_measured_e2e_s"])  # fmt: skip
+        # the span from the split to the last read with requests running: at most this process's cores
+        assert all(0.0 <= row[f] <= os.cpu_count() for f in fidelity.CPU_READS)
     (b,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
     assert b["server_side"]["measured_e2e_vs"]["minimal"]["n"] == 1
+    cpu = b["cpu_side"]
+    assert cpu["client_cpu_frac"]["minimal"] == rows[1]["client_cpu_frac"]
+    assert cpu["client_cpu_frac_vs"]["minimal"]["n"] == 1
+    assert cpu["client_cpu_frac_vs"]["minimal"]["mean"] == pytest.approx(
+        rows[0]["client_cpu_frac"] - rows[1]["client_cpu_frac"])  # fmt: skip
+
+
+def test_measured_cpu_spans_the_measured_requests_alone() -> None:
+    e2e, running = "vllm:e2e_request_latency_seconds_count", "vllm:num_requests_running"
+    before = {e2e: 10.0}
+    reads = [
+        (0.0, {e2e: 10.0, running: 4.0, "client_cpu_s": 5.0}),  # the warm-up (a start-up's CPU before it)
+        (1.0, {e2e: 14.0, running: 4.0, "client_cpu_s": 9.0, "api_server_cpu_s": 2.0, "engine_cpu_s": 3.0}),
+        (2.0, {e2e: 16.0, running: 2.0, "client_cpu_s": 9.5, "api_server_cpu_s": 2.5, "engine_cpu_s": 4.0}),
+        (3.0, {e2e: 18.0, running: 1.0, "client_cpu_s": 9.8, "api_server_cpu_s": 3.0, "engine_cpu_s": 2.5}),
+        (4.0, {e2e: 19.0, running: 0.0, "client_cpu_s": 12.0, "api_server_cpu_s": 3.1}),  # working out results
+    ]
+    # from the read after the 4 warm-up requests (t=1) to the last one with a request running (t=3)
+    cores = fidelity.measured_cpu(before, reads, warmup=4)
+    assert cores["client_cpu_frac"] == pytest.approx(0.4) and cores["api_server_cpu_frac"] == pytest.approx(0.5)
+    assert cores["engine_cpu_frac"] is None  # a descendant ended: its CPU left the sum
+    assert fidelity.measured_cpu(before, reads, warmup=0)["client_cpu_frac"] == pytest.approx(4.8 / 3)
+    nothing = dict.fromkeys(fidelity.CPU_READS)
+    assert fidelity.measured_cpu(before, reads, warmup=5) == nothing  # no read at the warm-up's end
+    assert fidelity.measured_cpu(before, reads[:2], warmup=4) == nothing  # no read after it
+    assert fidelity.measured_cpu({}, reads, warmup=4) == nothing  # the read before the run failed
+    assert fidelity.measured_cpu(before, [], warmup=0) == nothing
+
+
+def test_cpu_probe_reads_the_client_and_the_servers_processes(tmp_path: Path) -> None:
+    # a child that burns 0.3 s of CPU, says so, and waits: this process is its "server", it the "client"
+    busy = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('done', flush=True)\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", busy], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "done\n"
+        probe = fidelity.CpuProbe(server=os.getpid())
+        assert "client_cpu_s" not in probe()  # no client yet
+        probe.client = child.pid
+        reads = probe()
+        # psutil reads /proc's clock ticks (10 ms), coarser than the child's own clock
+        assert reads["client_cpu_s"] >= 0.25 and reads["engine_cpu_s"] >= reads["client_cpu_s"]
+        assert reads["api_server_cpu_s"] == pytest.approx(fidelity.process_cpu_s(os.getpid()), abs=0.5)
+    finally:
+        child.communicate("")
+    assert fidelity.process_cpu_s(child.pid) is None  # it has ended
+    assert fidelity.process_cpu_s(None) is None
 
 
 def test_measured_latency_starts_at_the_read_that_saw_the_whole_warm_up() -> None:
@@ -412,14 +465,17 @@ def test_bench_worker_runs_vllm_bench_many_times_in_one_process(
     prompts = _prompts(6, length=9)
     run = dict(base_url=srv.base_url, model=MODEL, prompts=prompts, output_len=5, warmup=2, workdir=tmp_path)
     with fidelity.BenchWorker(tmp_path / "worker.log") as worker:
-        first = fidelity.vllm_bench_client(**run, concurrency=2, tag="a", timeout_s=300, worker=worker)
+        started: list[int] = []
+        first = fidelity.vllm_bench_client(**run, concurrency=2, tag="a", timeout_s=300, worker=worker,
+                                           on_start=started.append)  # fmt: skip
         pid = worker._proc.pid
+        assert started == [pid] == [worker.pid]
         with pytest.raises(fidelity.BenchUnavailable, match=r"SystemExit: 2 \(log: .*bad.log\)"):
             worker.run(["--no-such-option"], tmp_path / "bad.log", timeout_s=60)
         assert "unrecognized arguments: --no-such-option" in (tmp_path / "bad.log").read_text()
         second = fidelity.vllm_bench_client(**run, concurrency=3, tag="b", timeout_s=300, worker=worker)
         assert worker._proc.pid == pid
-    assert worker._proc is None
+    assert worker._proc is None and worker.pid is None
     for res in (first, second):
         assert (res.client, res.n, res.ok, res.error, res.output_tokens) == ("vllm-bench", 6, 6, None, 30)
     assert json.loads((tmp_path / "b.json").read_text())["max_concurrency"] == 3
@@ -464,13 +520,19 @@ def test_vllm_bench_failure_is_reported(tmp_path: Path) -> None:
     fake.chmod(0o755)
     work = tmp_path / "bench"
     work.mkdir()
+    started: list[int] = []
+    run = dict(base_url="http://127.0.0.1:9", model=MODEL, prompts=_prompts(2), output_len=4, concurrency=1,
+               warmup=0, workdir=work, on_start=started.append)  # fmt: skip
     with pytest.raises(fidelity.BenchUnavailable) as err:
-        fidelity.vllm_bench_client(
-            base_url="http://127.0.0.1:9", model=MODEL, prompts=_prompts(2), output_len=4, concurrency=1,
-            warmup=0, workdir=work, tag="t", python=str(fake),
-        )  # fmt: skip
+        fidelity.vllm_bench_client(**run, tag="t", python=str(fake))
     assert str(err.value) == f"ModuleNotFoundError: No module named 'vllm' (exit code 3; log: {work / 't.log'})"
     assert (work / "prompts-in6-n2.jsonl").exists() and not (work / "t.json").exists()
+    assert len(started) == 1  # the process's id, for the CPU probe
+    # one that outlasts its timeout is killed and reaped
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    with pytest.raises(fidelity.BenchUnavailable, match="timed out after 0 s"):
+        fidelity.vllm_bench_client(**run, tag="slow", python=str(fake), timeout_s=0.5)
+    assert len(started) == 2 and not psutil.pid_exists(started[1])
 
 
 # --- summary ---------------------------------------------------------------------------------------
@@ -684,10 +746,12 @@ def test_write_outputs(tmp_path: Path) -> None:
     res = fidelity.RunResult("minimal", n=4, ok=3, duration_s=2.0, throughput_rps=1.5, output_tok_s=24.0,
                              output_tokens=48, peak_inflight=2, error="HTTP 400: no", host_speed_ms=0.5,
                              host_steal_frac=0.0, server_requests=7, server_e2e_s=0.25,
-                             mean_inflight=1.75, server_measured_requests=4, server_measured_e2e_s=0.3)  # fmt: skip
+                             mean_inflight=1.75, server_measured_requests=4, server_measured_e2e_s=0.3,
+                             client_cpu_frac=0.25, api_server_cpu_frac=0.5, engine_cpu_frac=1.0)  # fmt: skip
     rows = [res.row(4, 1), _row(4, 0, "slmserve", 1.5, n=4)]
     summary = {**fidelity.summarize(rows), "provenance": {"git_sha": "abc"}}
     csv_path, json_path = fidelity.write_outputs(tmp_path / "out", rows, summary)
+    assert fidelity.read_rows(csv_path)[0]["client_cpu_frac"] == 0.25
     with csv_path.open() as fh:
         got = list(csv.DictReader(fh))
     assert list(got[0]) == list(fidelity.CSV_COLUMNS)
@@ -696,6 +760,7 @@ def test_write_outputs(tmp_path: Path) -> None:
         "output_tok_s": "24.0", "duration_s": "2.0", "window_rps": "1.5", "peak_inflight": "2", "error": "HTTP 400: no",
         "host_speed_ms": "0.5", "host_steal_frac": "0.0", "server_requests": "7", "server_e2e_s": "0.25",
         "mean_inflight": "1.75", "server_measured_requests": "4", "server_measured_e2e_s": "0.3",
+        "client_cpu_frac": "0.25", "api_server_cpu_frac": "0.5", "engine_cpu_frac": "1.0",
     }  # fmt: skip
     assert got[1]["client"] == "slmserve" and got[1]["duration_s"] == "" and got[1]["peak_inflight"] == ""
     doc = json.loads(json_path.read_text())
@@ -716,7 +781,8 @@ def test_judge_reads_the_csv_back_and_keeps_the_run_description(tmp_path: Path, 
                                                                 "server_e2e_s": None,
                                                                 "mean_inflight": None,
                                                                 "server_measured_requests": None,
-                                                                "server_measured_e2e_s": None}  # fmt: skip
+                                                                "server_measured_e2e_s": None,
+                                                                **dict.fromkeys(fidelity.CPU_READS)}  # fmt: skip
     assert harness_fidelity.main(["--out", str(tmp_path), "--judge"]) == 0
     doc = json.loads((tmp_path / "fidelity.json").read_text())
     assert doc["batches"][0]["verdict"] == "agree" and doc["provenance"] == {"git_sha": "abc"}

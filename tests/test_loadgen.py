@@ -24,6 +24,7 @@ import polars as pl
 import pytest
 from aiohttp import web
 
+from slmserve.enginemetrics import RUNNING
 from slmserve.loadgen import (
     FRAME_SCHEMA,
     LoadSpec,
@@ -56,7 +57,7 @@ class StandInCompletionsServer:
 
     It counts requests received (``n_requests``) and the most handled at once (``max_active``), and serves
     ``/metrics`` with the count and summed latency of the completions it answered, as vLLM's
-    ``vllm:e2e_request_latency_seconds`` histogram.
+    ``vllm:e2e_request_latency_seconds`` histogram, and those in hand as ``vllm:num_requests_running``.
     """
 
     def __init__(
@@ -115,7 +116,8 @@ class StandInCompletionsServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         name = "vllm:e2e_request_latency_seconds"
         text = (f"# TYPE {name} histogram\n{name}_count{{engine=\"0\"}} {self.e2e_count}\n"
-                f"{name}_sum{{engine=\"0\"}} {self.e2e_sum}\n")  # fmt: skip
+                f"{name}_sum{{engine=\"0\"}} {self.e2e_sum}\n# TYPE {RUNNING} gauge\n"
+                f"{RUNNING}{{engine=\"0\"}} {self.active}\n")  # fmt: skip
         return web.Response(text=text, content_type="text/plain")
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:

@@ -19,6 +19,7 @@ import contextlib
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -78,13 +79,20 @@ def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
 class GaugePoller:
     """Poll the running and waiting gauges of one server every ``interval_s`` (>= 1 s) in a thread; with
     ``keep``, also those samples of every read (:attr:`kept`, ``(t_mono, {name: value})``, a failed read's
-    empty)."""
+    empty), and with ``extra`` what it returns at that moment, merged into the read's values."""
 
-    def __init__(self, base_url: str, interval_s: float = POLL_S, keep: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        interval_s: float = POLL_S,
+        keep: tuple[str, ...] = (),
+        extra: Callable[[], Mapping[str, float]] | None = None,
+    ) -> None:
         self.base_url = base_url
         self.interval_s = max(POLL_S, interval_s)
         self.samples: list[tuple[float, float | None, float | None]] = []  # (t_mono, running, waiting)
         self.keep = keep
+        self.extra = extra
         self.kept: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="slmserve-gauges", daemon=True)
@@ -94,8 +102,9 @@ class GaugePoller:
             values = parse(fetch(self.base_url, timeout=5.0))  # a busy API server may answer late
             now = time.monotonic()
             self.samples.append((now, values.get(RUNNING), values.get(WAITING)))
-            if self.keep:
-                self.kept.append((now, {k: values[k] for k in self.keep if k in values}))
+            if self.keep or self.extra:
+                kept = {k: values[k] for k in self.keep if k in values}
+                self.kept.append((now, {**kept, **(self.extra() if self.extra else {})}))
             if self._stop.wait(self.interval_s):
                 return
 

@@ -306,6 +306,11 @@ class VllmServer:
     def base_url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The API server's process id (the engine core is its child) while it is launched."""
+        return self.proc.pid if self.proc is not None else None
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
