@@ -13,7 +13,8 @@ each sending the same N prompts (default ``max(64, 8 B)``; ``--requests 1=64 64=
 with at most B in flight, 512 input and 256 output tokens, after the same warm-up. Criterion: the ratio of
 mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a half-width of at most 2%
 (``agree``; ``differ`` where it excludes 1, else ``inconclusive``), and whether that CI lies within 0.98-1.02
-(``equivalent``).
+(``equivalent``). Beside it, not in its place, the same paired ratio at equal server speed
+(:func:`bench.fidelity.equal_server_ratio`: the server's speed from one run to the next taken out by Little's law).
 ``server-cap`` (asked for in ``--clients``) is the load generator with no client-side cap, every request sent at
 once so that the server's ``--max-num-seqs`` holds the batch (``batch_control: restart``); the server's cap is
 the largest batch, so it needs a single batch size. Every run records the host's speed and CPU steal around it,
@@ -281,6 +282,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         lag = b.get("client_side") or {}
         _print_side("time in flight beyond the server's (s)", lag.get("lag_s"), lag.get("lag_vs"),
                     summary["subject"], difference=True)  # fmt: skip
+        for name, v in (b.get("equal_server") or {}).items():
+            if v.get("n"):
+                plan = f"; ±{tol:.0%} takes about {v['n_needed']} pairs" if v.get("n_needed") else ""
+                print(_judged(f"at equal server speed /{name} (n={v['n']})", v["mean"], v["ci_lo"], v["ci_hi"],
+                              v["verdict"], v["equivalent"], tol) + plan, flush=True)  # fmt: skip
         cpu = b.get("cpu_side") or {}
         for field, label in CPU_LABELS.items():
             _print_side(label, cpu.get(field), cpu.get(f"{field}_vs"), summary["subject"], difference=True)

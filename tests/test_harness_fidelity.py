@@ -305,6 +305,28 @@ def test_measure_splits_the_warm_up_off_the_servers_latency(
         rows[0]["client_cpu_frac"] - rows[1]["client_cpu_frac"])  # fmt: skip
 
 
+def test_equal_server_ratio_takes_the_servers_speed_out_of_a_pair() -> None:
+    def run(client: str, repeat: int, inflight: float, server: float, lag: float) -> dict[str, Any]:
+        # a run's window throughput by Little's law from what it kept, the server's latency and its own lag
+        rps = inflight / (server + lag)
+        return {**_row(8, repeat, client, rps, n=32), "window_rps": rps, "mean_inflight": inflight,
+                "server_measured_e2e_s": server}  # fmt: skip
+
+    # the same clients, the server 20% slower in the reference's run: the throughput ratio 1.2, at equal speed 1
+    fast, slow = run("slmserve", 0, 8.0, 2.0, 0.1), run("minimal", 0, 8.0, 2.4, 0.1)
+    assert fast["window_rps"] / slow["window_rps"] == pytest.approx(2.5 / 2.1)
+    assert fidelity.equal_server_ratio(fast, slow) == pytest.approx(1.0)
+    # a reference that adds 0.2 s more to each request, or keeps less in flight, at the mean latency 2.2 s
+    assert fidelity.equal_server_ratio(fast, run("minimal", 0, 8.0, 2.4, 0.3)) == pytest.approx(2.5 / 2.3)
+    assert fidelity.equal_server_ratio(fast, run("minimal", 0, 7.6, 2.4, 0.1)) == pytest.approx(8.0 / 7.6)
+    assert fidelity.equal_server_ratio(fast, {**slow, "server_measured_e2e_s": None}) is None
+    rows = [fast, slow, run("slmserve", 1, 8.0, 3.0, 0.1), run("minimal", 1, 8.0, 2.0, 0.1)]
+    got = fidelity.equal_server(rows, "slmserve", 0.02)["minimal"]
+    assert (got["n"], got["mean"], got["sd"]) == (2, pytest.approx(1.0), pytest.approx(0.0))
+    assert (got["verdict"], got["equivalent"], got["n_needed"]) == ("agree", True, 2)
+    assert fidelity.summarize(rows)["batches"][0]["equal_server"]["minimal"]["n"] == 2
+
+
 def test_measured_cpu_spans_the_measured_requests_alone() -> None:
     e2e, running = "vllm:e2e_request_latency_seconds_count", "vllm:num_requests_running"
     before = {e2e: 10.0}
