@@ -627,11 +627,9 @@ def vllm_bench_client(
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired as exc:
-                proc.kill()
-                proc.wait()
                 raise BenchUnavailable(f"vllm bench serve timed out after {timeout_s:.0f} s (log: {log_path})") from exc
             finally:
-                if proc.poll() is None:  # interrupted (a signal, the server's death): the run ends with it
+                if proc.poll() is None:  # timed out or interrupted (a signal, the server's death): it ends with the run
                     proc.kill()
                     proc.wait()
     if code != 0 or not (workdir / result_file).exists():
