@@ -43,6 +43,24 @@ def test_the_committed_table_is_what_the_results_give(outdirs: tuple[Path, Path]
     assert out.read_text() == CSV.read_text()
 
 
+def test_the_committed_h100_table_is_what_the_results_give(tmp_path: Path) -> None:
+    """bench/results/rerun-quick-h100-opt1.3b.csv, quoted in REPRODUCTION.md: the quick profile's H100 run
+    (2026-11-23) against config/quick-opt1.3b-h100.yaml's (2026-12-06), OPT-1.3B's equal splits and sweep paired,
+    every other row listed as only in the first."""
+    a, b = ROOT / "results/quick", ROOT / "results/quick-opt1.3b-h100"
+    if not (a / "summary").exists() or not (b / "summary").exists():
+        pytest.skip("the quick and quick-opt1.3b-h100 results are not in this checkout")
+    out = tmp_path / "t.csv"
+    assert rerun.main([str(a), str(b), "--csv", str(out)]) == 0
+    assert out.read_text() == (ROOT / "bench/results/rerun-quick-h100-opt1.3b.csv").read_text()
+    table = pl.read_csv(out)
+    paired = table.filter(pl.col("verdict") != "only in A")
+    assert paired.height == 13 and paired["ratio"].null_count() == 0  # 10 batches, 3 replica counts
+    assert paired["point"].str.starts_with("opt1.3b").all()
+    # the other models, and OPT-1.3B's advisor plans, which config/quick-opt1.3b-h100.yaml does not run
+    assert table.height - paired.height == 32
+
+
 def _sweep(batch: int, throughput: float | None, n: int, status: str = "ok", rate: float = float("inf")) -> dict:
     return {"model": "opt1.3b", "tp": 1, "batch_size": batch, "input_len": 512, "output_len": 256,
             "arrival_rate": rate, "status": status, "n_repeats": 3, "throughput_rps_n": n,
