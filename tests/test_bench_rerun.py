@@ -14,15 +14,28 @@ from slmserve import stats
 ROOT = Path(__file__).resolve().parents[1]
 A, B = ROOT / "results/quick-opt1.3b", ROOT / "results/quick-opt1.3b-rerun"
 CSV = ROOT / "bench/results/rerun-quick-opt1.3b.csv"
+CSV_H100 = ROOT / "bench/results/rerun-quick-h100-opt1.3b.csv"
+
+
+def _summaries(a: Path, b: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """Copies of two committed outdirs' summaries, or a skip where the checkout lacks them."""
+    if not (a / "summary").exists() or not (b / "summary").exists():
+        pytest.skip(f"the {a.name} and {b.name} results are not in this checkout")
+    for src, dst in ((a, tmp_path / "a"), (b, tmp_path / "b")):
+        shutil.copytree(src / "summary", dst / "summary")
+    return tmp_path / "a", tmp_path / "b"
+
+
+def _rerun_csv(outdirs: tuple[Path, Path], tmp_path: Path) -> str:
+    """What ``bench/rerun.py A B --csv`` writes for two outdirs."""
+    out = tmp_path / "t.csv"
+    assert rerun.main([str(outdirs[0]), str(outdirs[1]), "--csv", str(out)]) == 0
+    return out.read_text()
 
 
 @pytest.fixture
 def outdirs(tmp_path: Path) -> tuple[Path, Path]:
-    if not (A / "summary").exists() or not (B / "summary").exists():
-        pytest.skip("the quick-opt1.3b results are not in this checkout")
-    for src, dst in ((A, tmp_path / "a"), (B, tmp_path / "b")):
-        shutil.copytree(src / "summary", dst / "summary")
-    return tmp_path / "a", tmp_path / "b"
+    return _summaries(A, B, tmp_path)
 
 
 def test_every_point_of_both_runs_is_paired_with_its_ratio_and_verdict(outdirs: tuple[Path, Path]) -> None:
@@ -38,22 +51,16 @@ def test_every_point_of_both_runs_is_paired_with_its_ratio_and_verdict(outdirs: 
 
 def test_the_committed_table_is_what_the_results_give(outdirs: tuple[Path, Path], tmp_path: Path) -> None:
     """bench/results/rerun-quick-opt1.3b.csv, quoted in REPRODUCTION.md, is the script's output."""
-    out = tmp_path / "t.csv"
-    assert rerun.main([str(outdirs[0]), str(outdirs[1]), "--csv", str(out)]) == 0
-    assert out.read_text() == CSV.read_text()
+    assert _rerun_csv(outdirs, tmp_path) == CSV.read_text()
 
 
 def test_the_committed_h100_table_is_what_the_results_give(tmp_path: Path) -> None:
     """bench/results/rerun-quick-h100-opt1.3b.csv, quoted in REPRODUCTION.md: the quick profile's H100 run
     (2026-11-23) against config/quick-opt1.3b-h100.yaml's (2026-12-06), OPT-1.3B's equal splits and sweep paired,
     every other row listed as only in the first."""
-    a, b = ROOT / "results/quick", ROOT / "results/quick-opt1.3b-h100"
-    if not (a / "summary").exists() or not (b / "summary").exists():
-        pytest.skip("the quick and quick-opt1.3b-h100 results are not in this checkout")
-    out = tmp_path / "t.csv"
-    assert rerun.main([str(a), str(b), "--csv", str(out)]) == 0
-    assert out.read_text() == (ROOT / "bench/results/rerun-quick-h100-opt1.3b.csv").read_text()
-    table = pl.read_csv(out)
+    outdirs = _summaries(ROOT / "results/quick", ROOT / "results/quick-opt1.3b-h100", tmp_path)
+    assert _rerun_csv(outdirs, tmp_path) == CSV_H100.read_text()
+    table = pl.read_csv(CSV_H100)
     paired = table.filter(pl.col("verdict") != "only in A")
     assert paired.height == 13 and paired["ratio"].null_count() == 0  # 10 batches, 3 replica counts
     assert paired["point"].str.starts_with("opt1.3b").all()
