@@ -106,7 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="clients to run (default: slmserve vllm-bench minimal); server-cap: slmserve with no"
                          " client-side cap, the server's --max-num-seqs holding the batch"
                          " (one --batch-sizes value)")  # fmt: skip
-    ap.add_argument("--reference", choices=[VLLM_BENCH, MINIMAL], default=VLLM_BENCH)
+    ap.add_argument("--reference", choices=[VLLM_BENCH, MINIMAL], default=None,
+                    help="the client the verdict compares with (default: vllm-bench, else minimal); with --pool, "
+                         "judge against it folders that judged another reference but ran it too")  # fmt: skip
     ap.add_argument("--tolerance", type=float, default=fidelity.TOLERANCE)
     ap.add_argument("--bench-process", choices=["run", "worker"], default="run",
                     help="vllm bench serve as a process of its own for every run (run), or every run in one process"
@@ -129,6 +131,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "--clients server-cap needs one --batch-sizes value: the server's --max-num-seqs is the largest"
             " batch, so only there does it hold the batch (a smaller one would need the scheduler cap)"
         )
+    if args.pool:
+        return args  # the folders hold the clients; --reference, if given, must be among each folder's runs
+    args.reference = args.reference or VLLM_BENCH
     if args.reference not in args.clients:
         args.reference = MINIMAL if MINIMAL in args.clients else VLLM_BENCH
     if args.input_len + args.output_len > args.max_model_len:
@@ -428,17 +433,27 @@ def _workload(doc: dict[str, Any]) -> dict[str, Any]:
     return {"subject": doc.get("subject", SUBJECT), "reference": doc.get("reference"), **same}
 
 
-def pool(out: Path, folders: list[Path], tolerance: float) -> int:
+def pool(out: Path, folders: list[Path], tolerance: float, reference: str | None = None) -> int:
     """Judge the runs of several measuring folders (each one server on one machine) together, as one sample:
     their rows, each tagged with its folder as ``source`` so that a repeat pairs only within its folder
     (:func:`bench.fidelity.summarize`), into ``out/fidelity.csv`` and ``out/fidelity.json``, the latter
     with ``sources`` (folder, machine, GPU model, git SHA, time, runs of each) and the first folder's
-    settings. Folders must share the workload and server settings (``POOL_SAME``) and the reference."""
+    settings. Folders must share the workload and server settings (``POOL_SAME``) and the reference, unless
+    ``reference`` names it: then every folder must have runs of that client, whichever it judged against
+    (2026-12-06: m92 judged against vllm bench serve and ran minimal too, m93 ran minimal alone)."""
     loaded = [(folder, *_measured_run(folder, "--pool")) for folder in folders]
     head, head_doc, _ = loaded[0]  # argparse's nargs="+" gives at least one folder
     want = _workload(head_doc)
+    if reference is not None:
+        want["reference"] = reference
+        for folder, _, runs in loaded:
+            if not any(r["client"] == reference for r in runs):
+                raise SystemExit(f"--pool --reference {reference}: {folder / 'fidelity.csv'} has no runs of"
+                                 f" {reference}; leave that folder out or judge against a client it ran")  # fmt: skip
     for folder, doc, _ in loaded[1:]:
         for key, value in _workload(doc).items():
+            if key == "reference" and reference is not None:
+                continue
             if value != want[key]:
                 raise SystemExit(f"--pool: {folder / 'fidelity.json'}: {key} is {value!r}, {head} has {want[key]!r};"
                                  " pool only runs of one workload against one reference")  # fmt: skip
@@ -463,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.judge:
         return judge(args.out, args.tolerance)
     if args.pool:
-        return pool(args.out, args.pool, args.tolerance)
+        return pool(args.out, args.pool, args.tolerance, args.reference)
     install_signal_handlers()
     prompts_all = fidelity.load_prompts(args.prompts, args.input_len)
     largest = max(args.requests.values()) if isinstance(args.requests, dict) else args.requests or 0
