@@ -893,6 +893,47 @@ def test_pool_judges_the_subject_its_folders_judged(tmp_path: Path) -> None:
         harness_fidelity.main(["--out", str(tmp_path / "q"), "--pool", folders[0], str(mixed)])
 
 
+def test_pool_against_a_named_reference_that_every_folder_ran(tmp_path: Path) -> None:
+    """m92 judged ours against vllm bench serve and ran minimal too; m93 ran minimal alone: --reference minimal
+    pools the pairs of ours and minimal from both, and refuses a folder without minimal's runs."""
+    three = [r for i in (0, 1) for r in (_row(512, i, "slmserve", 101.0), _row(512, i, "vllm-bench", 95.0),
+                                          _row(512, i, "minimal", 100.0))]  # fmt: skip
+    a = _measured(tmp_path / "m92", three, "h100-a")
+    two = [r for i in (0, 1, 2) for r in (_row(512, i, "slmserve", 52.0), _row(512, i, "minimal", 50.0))]
+    b = _measured(tmp_path / "m93", two, "h100-b")
+    judged = {**json.loads((b / "fidelity.json").read_text()), **fidelity.summarize(two, reference="minimal")}
+    fidelity.write_outputs(b, two, judged)  # as m93 judged itself: against minimal
+    with pytest.raises(SystemExit, match=r"reference is 'minimal', .*m92 has 'vllm-bench'"):
+        harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", str(a), str(b)])
+    out = tmp_path / "pooled"
+    assert harness_fidelity.main(["--out", str(out), "--pool", str(a), str(b), "--reference", "minimal"]) == 0
+    pooled = json.loads((out / "fidelity.json").read_text())
+    (batch,) = pooled["batches"]
+    assert (pooled["reference"], batch["paired_n"]) == ("minimal", 5)
+    assert batch["paired_ratio"] == pytest.approx((2 * 1.01 + 3 * 1.04) / 5)
+    assert batch["paired_vs"]["vllm-bench"]["n"] == 2  # the other client's runs stay, paired where they ran
+    bench_only = _measured(tmp_path / "m94", [_row(512, 0, "slmserve", 1.0), _row(512, 0, "vllm-bench", 1.0)], "c")
+    with pytest.raises(SystemExit, match=r"m94/fidelity.csv has no runs of minimal"):
+        harness_fidelity.main(["--out", str(tmp_path / "q"), "--pool", str(a), str(bench_only), "--reference",
+                               "minimal"])  # fmt: skip
+
+
+def test_the_committed_h100_pool_is_what_its_folders_give(tmp_path: Path) -> None:
+    """bench/results/h100-harness-fidelity/m92-m93-opt125m-b512-pooled/, quoted in REPRODUCTION.md (49 pairs
+    against minimal), is ``--pool m92 m93 --reference minimal`` of the two committed folders."""
+    root = Path(__file__).resolve().parents[1] / "bench/results/h100-harness-fidelity"
+    folders = [root / "m92-opt125m-b512", root / "m93-opt125m-b512"]
+    if not all((f / "fidelity.csv").exists() for f in folders):
+        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
+    argv = ["--out", str(tmp_path), "--pool", *map(str, folders), "--reference", "minimal"]
+    assert harness_fidelity.main(argv) == 0
+    (got,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
+    (want,) = json.loads((root / "m92-m93-opt125m-b512-pooled/fidelity.json").read_text())["batches"]
+    keys = ("paired_n", "paired_ratio", "paired_ci_lo", "paired_ci_hi", "paired_verdict", "paired_equivalent")
+    assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
+    assert (got["paired_n"], round(got["paired_ratio"], 4)) == (49, 1.0238)
+
+
 def test_pool_refuses_runs_of_different_workloads(tmp_path: Path) -> None:
     rows = [_row(64, 0, "vllm-bench", 50.0), _row(64, 0, "slmserve", 50.0)]
     a = _measured(tmp_path / "m1", rows, "h200-a")
