@@ -439,8 +439,8 @@ def pool(out: Path, folders: list[Path], tolerance: float, reference: str | None
     (:func:`bench.fidelity.summarize`), into ``out/fidelity.csv`` and ``out/fidelity.json``, the latter
     with ``sources`` (folder, machine, GPU model, git SHA, time, runs of each) and the first folder's
     settings. Folders must share the workload and server settings (``POOL_SAME``) and the reference, unless
-    ``reference`` names it: then every folder must have runs of that client, whichever it judged against
-    (2026-12-06: m92 judged against vllm bench serve and ran minimal too, m93 ran minimal alone)."""
+    ``reference`` names it: then every folder must have runs of that client, whichever it judged against (a
+    folder judged against vllm bench serve that ran minimal too pools with one that ran minimal alone)."""
     loaded = [(folder, *_measured_run(folder, "--pool")) for folder in folders]
     head, head_doc, _ = loaded[0]  # argparse's nargs="+" gives at least one folder
     want = _workload(head_doc)
