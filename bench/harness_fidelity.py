@@ -443,17 +443,14 @@ def pool(out: Path, folders: list[Path], tolerance: float, reference: str | None
     folder judged against vllm bench serve that ran minimal too pools with one that ran minimal alone)."""
     loaded = [(folder, *_measured_run(folder, "--pool")) for folder in folders]
     head, head_doc, _ = loaded[0]  # argparse's nargs="+" gives at least one folder
-    want = _workload(head_doc)
-    if reference is not None:
-        want["reference"] = reference
-        for folder, _, runs in loaded:
-            if not any(r["client"] == reference for r in runs):
-                raise SystemExit(f"--pool --reference {reference}: {folder / 'fidelity.csv'} has no runs of"
-                                 f" {reference}; leave that folder out or judge against a client it ran")  # fmt: skip
+    named = {} if reference is None else {"reference": reference}  # stands in for what each folder judged
+    want = {**_workload(head_doc), **named}
+    for folder, _, runs in loaded:
+        if named and not any(r["client"] == reference for r in runs):
+            raise SystemExit(f"--pool --reference {reference}: {folder / 'fidelity.csv'} has no runs of"
+                             f" {reference}; leave that folder out or judge against a client it ran")  # fmt: skip
     for folder, doc, _ in loaded[1:]:
-        for key, value in _workload(doc).items():
-            if key == "reference" and reference is not None:
-                continue
+        for key, value in {**_workload(doc), **named}.items():
             if value != want[key]:
                 raise SystemExit(f"--pool: {folder / 'fidelity.json'}: {key} is {value!r}, {head} has {want[key]!r};"
                                  " pool only runs of one workload against one reference")  # fmt: skip
