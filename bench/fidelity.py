@@ -983,7 +983,9 @@ def summarize(
     repeat by repeat (:func:`_paired`): ``paired_ratio`` (the mean of the repeats' ratios, not a ratio of
     means), ``paired_n``, ``paired_ci_lo``/``paired_ci_hi``, ``paired_verdict`` and ``paired_equivalent``
     (``all_paired_equivalent``), ``paired_sd`` (the SD of the repeats' ratios) and ``paired_n_needed``, the
-    pairs a CI of ``± tolerance`` would take at that SD (:func:`slmserve.stats.repeats_for`, a plan);
+    pairs a CI of ``± tolerance`` would take at that SD (:func:`slmserve.stats.repeats_for`, a plan), and
+    ``paired_n_inside``, the pairs that CI would take to lie inside ``1 ± tolerance`` were the mean to stay
+    (:func:`slmserve.stats.repeats_inside`; ``None`` where the mean is at or past a bound);
     ``paired_vs`` holds the same pairing against every other client at the batch (``ratio``, ``n``, ``ci_lo``,
     ``ci_hi``, ``sd``, ``verdict``, ``equivalent``), on its window where it has one. ``host_link`` asks whether
     the runs' spread follows the host (:func:`host_link`), ``server_side`` whether it is the server's speed
@@ -1040,6 +1042,7 @@ def summarize(
                 "paired_ci_hi": paired["ci_hi"],
                 "paired_sd": paired["sd"],
                 "paired_n_needed": stats.repeats_for(paired["sd"], tolerance),
+                "paired_n_inside": stats.repeats_inside(paired["mean"], paired["sd"], tolerance),
                 **_judgement("paired_", paired, tolerance),
                 "ratios": ratios,
                 "within": within,

@@ -278,6 +278,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         if b.get("paired_sd") is not None:
             needed = b.get("paired_n_needed")
             plan = f"{needed} pairs" if needed else "more pairs than can be planned"
+            if "paired_n_inside" in b:  # folders judged before the key existed lack it
+                inside = b["paired_n_inside"]
+                plan += f"; inside {1 - tol:.2f}-{1 + tol:.2f} at this mean {f'about {inside}' if inside else 'none'}"
             print(f"    SD of the pairs' ratios {b['paired_sd']:.4f}: ±{tol:.0%} takes about {plan}", flush=True)
         side, load = b.get("server_side") or {}, b.get("load_side") or {}
         _print_side("server's mean latency (s)", side.get("e2e_s"), side.get("e2e_vs"), summary["subject"])

@@ -622,6 +622,7 @@ def test_summary_pairs_the_clients_repeat_by_repeat() -> None:
     assert (b["paired_verdict"], b["paired_equivalent"]) == ("differ", True)
     assert b["paired_sd"] == pytest.approx(statistics.stdev(mine))
     assert b["paired_n_needed"] == stats.repeats_for(b["paired_sd"], fidelity.TOLERANCE) == 2  # SD 0.08%
+    assert b["paired_n_inside"] == stats.repeats_for(b["paired_sd"], fidelity.TOLERANCE - 0.010) == 2
     # repeat 1's reference run failed: its own run has no partner, and the later repeats keep theirs
     failed = [*rows[:3], _row(512, 1, "slmserve", 500.0), _row(512, 1, "vllm-bench", None, ok=0), *rows[3:]]
     s = fidelity.summarize(failed, reference="vllm-bench")
@@ -808,9 +809,23 @@ def test_judge_reads_the_csv_back_and_keeps_the_run_description(tmp_path: Path, 
     assert harness_fidelity.main(["--out", str(tmp_path), "--judge"]) == 0
     doc = json.loads((tmp_path / "fidelity.json").read_text())
     assert doc["batches"][0]["verdict"] == "agree" and doc["provenance"] == {"git_sha": "abc"}
-    assert "95% CI [" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "95% CI [" in out and f"inside 0.98-1.02 at this mean about {doc['batches'][0]['paired_n_inside']}" in out
     with pytest.raises(SystemExit, match="must both exist"):
         harness_fidelity.main(["--out", str(tmp_path / "none"), "--judge"])
+
+
+def test_the_pairs_to_come_inside_are_none_where_the_mean_is_past_a_bound(capsys) -> None:
+    rows = [r for i, v in enumerate((100.0, 102.0, 98.0)) for r in (_row(8, i, "minimal", v),
+                                                                      _row(8, i, "slmserve", v * 1.03))]  # fmt: skip
+    summary = fidelity.summarize(rows)
+    assert summary["batches"][0]["paired_n_inside"] is None
+    harness_fidelity.print_summary(summary)
+    assert "inside 0.98-1.02 at this mean none" in capsys.readouterr().out
+    del summary["batches"][0]["paired_n_inside"]  # a folder judged before the key existed
+    harness_fidelity.print_summary(summary)
+    out = capsys.readouterr().out
+    assert "SD of the pairs' ratios" in out and "inside 0.98" not in out
 
 
 def test_judge_fills_vllm_bench_windows_from_its_result_files(tmp_path: Path) -> None:
@@ -916,20 +931,31 @@ def test_pool_against_a_named_reference_that_every_folder_ran(tmp_path: Path) ->
                                "minimal"])  # fmt: skip
 
 
-def test_the_committed_h100_pool_is_what_its_folders_give(tmp_path: Path) -> None:
-    """bench/results/h100-harness-fidelity/m92-m93-opt125m-b512-pooled/, quoted in REPRODUCTION.md (49 pairs
-    against minimal), is ``--pool m92 m93 --reference minimal`` of the two committed folders."""
+@pytest.mark.parametrize(
+    ("pooled", "folders", "pairs", "ratio"),
+    [
+        ("m92-m93-opt125m-b512-pooled", ["m92-opt125m-b512", "m93-opt125m-b512"], 49, 1.0238),
+        ("m92-m93-m94-opt125m-b512-pooled", ["m92-opt125m-b512", "m93-opt125m-b512", "m94-opt125m-b512"], 90, 1.0122),
+        ("m93-m94-opt125m-b64-pooled", ["m93-opt125m-b64", "m94-opt125m-b64"], 20, 1.0149),
+    ],
+)
+def test_the_committed_h100_pools_are_what_their_folders_give(
+    tmp_path: Path, pooled: str, folders: list[str], pairs: int, ratio: float
+) -> None:
+    """Each pooled folder under bench/results/h100-harness-fidelity/, quoted in REPRODUCTION.md against the
+    minimal client, is ``--pool <folders> --reference minimal`` of its committed folders."""
     root = Path(__file__).resolve().parents[1] / "bench/results/h100-harness-fidelity"
-    folders = [root / "m92-opt125m-b512", root / "m93-opt125m-b512"]
-    if not all((f / "fidelity.csv").exists() for f in folders):
+    paths = [root / f for f in folders]
+    if not all((f / "fidelity.csv").exists() for f in paths):
         pytest.skip("the H100 harness-fidelity folders are not in this checkout")
-    argv = ["--out", str(tmp_path), "--pool", *map(str, folders), "--reference", "minimal"]
+    argv = ["--out", str(tmp_path), "--pool", *map(str, paths), "--reference", "minimal"]
     assert harness_fidelity.main(argv) == 0
     (got,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
-    (want,) = json.loads((root / "m92-m93-opt125m-b512-pooled/fidelity.json").read_text())["batches"]
-    keys = ("paired_n", "paired_ratio", "paired_ci_lo", "paired_ci_hi", "paired_verdict", "paired_equivalent")
+    (want,) = json.loads((root / pooled / "fidelity.json").read_text())["batches"]
+    keys = ("paired_n", "paired_ratio", "paired_ci_lo", "paired_ci_hi", "paired_verdict", "paired_equivalent",
+            "paired_n_needed", "paired_n_inside")  # fmt: skip
     assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
-    assert (got["paired_n"], round(got["paired_ratio"], 4)) == (49, 1.0238)
+    assert (got["paired_n"], round(got["paired_ratio"], 4)) == (pairs, ratio)
 
 
 def test_pool_refuses_runs_of_different_workloads(tmp_path: Path) -> None:

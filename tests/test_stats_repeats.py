@@ -169,3 +169,12 @@ def test_repeats_for_is_the_first_n_whose_interval_is_narrow_enough() -> None:
     assert stats.repeats_for(0.0, 0.02) == 2
     assert stats.repeats_for(None, 0.02) is None
     assert stats.repeats_for(10.0, 0.001, limit=1000) is None
+
+
+def test_repeats_inside_leaves_the_bound_what_the_mean_has_not_used() -> None:
+    assert stats.repeats_inside(1.0, 0.1, 0.02) == stats.repeats_for(0.1, 0.02) == 99
+    assert stats.repeats_inside(1.01, 0.1, 0.02) == stats.repeats_for(0.1, 0.01)  # 0.02 - 0.01 left
+    assert stats.repeats_inside(0.99, 0.1, 0.02) == stats.repeats_inside(1.01, 0.1, 0.02) > 99 * 3
+    assert stats.repeats_inside(1.02, 0.1, 0.02) is None  # at the bound: no n puts the interval inside
+    assert stats.repeats_inside(0.97, 0.1, 0.02) is None
+    assert stats.repeats_inside(None, 0.1, 0.02) is None and stats.repeats_inside(1.0, None, 0.02) is None

@@ -65,6 +65,17 @@ def repeats_for(sd: float | None, half_width: float, limit: int = 100_000) -> in
     return lo
 
 
+def repeats_inside(mean: float | None, sd: float | None, tolerance: float, limit: int = 100_000) -> int | None:
+    """The fewest repeats whose 95% t-interval around a ratio's ``mean``, at the sample SD ``sd``, would lie
+    inside ``[1 - tolerance, 1 + tolerance]`` (:func:`equivalent`): :func:`repeats_for` with the half-width
+    the mean leaves, ``tolerance - |mean - 1|``. A plan that assumes the mean stays where a pilot put it;
+    ``None`` without a mean or SD, when the mean is at or past a bound (no count of repeats would do), or
+    past ``limit``."""
+    if mean is None or sd is None:
+        return None
+    return repeats_for(sd, tolerance - abs(mean - 1.0), limit)
+
+
 def ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
     """The ratio of means ``mean(a) / mean(b)`` of two independent samples and its 95% CI by the delta
     method: relative standard error ``sqrt(sd_a² / (n_a mean_a²) + sd_b² / (n_b mean_b²))``, with the
