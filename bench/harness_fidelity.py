@@ -280,7 +280,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             plan = f"{needed} pairs" if needed else "more pairs than can be planned"
             if "paired_n_inside" in b:  # folders judged before the key existed lack it
                 inside = b["paired_n_inside"]
-                plan += f"; inside {1 - tol:.2f}-{1 + tol:.2f} at this mean {f'about {inside}' if inside else 'none'}"
+                count = f"about {inside}" if inside else "none"
+                plan += f"; inside {1 - tol:.2f}-{1 + tol:.2f} at this mean {count}"
             print(f"    SD of the pairs' ratios {b['paired_sd']:.4f}: ±{tol:.0%} takes about {plan}", flush=True)
         side, load = b.get("server_side") or {}, b.get("load_side") or {}
         _print_side("server's mean latency (s)", side.get("e2e_s"), side.get("e2e_vs"), summary["subject"])
@@ -448,8 +449,8 @@ def pool(out: Path, folders: list[Path], tolerance: float, reference: str | None
     head, head_doc, _ = loaded[0]  # argparse's nargs="+" gives at least one folder
     named = {} if reference is None else {"reference": reference}  # stands in for what each folder judged
     want = {**_workload(head_doc), **named}
-    for folder, _, runs in loaded:
-        if named and not any(r["client"] == reference for r in runs):
+    for folder, _, runs in loaded if named else []:
+        if not any(r["client"] == reference for r in runs):
             raise SystemExit(f"--pool --reference {reference}: {folder / 'fidelity.csv'} has no runs of"
                              f" {reference}; leave that folder out or judge against a client it ran")  # fmt: skip
     for folder, doc, _ in loaded[1:]:
