@@ -699,6 +699,17 @@ def _row_pairs(
     return [(v[subject], v[reference]) for _, v in sorted(by.items()) if len(v) == 2]
 
 
+def between_sources(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key: str) -> dict[str, Any]:
+    """Whether the pooled folders' pairs differ in mean ratio ``subject / reference`` of ``key``: the pairs'
+    ratios (:func:`_paired`) grouped by their ``source``, :func:`slmserve.stats.between_groups` (a one-way
+    ANOVA, ``f`` and ``p``, with each source's mean and count). Pooling treats the pairs of every folder as
+    one sample; a small ``p`` says a machine moves the ratio, and the pooled interval then understates how
+    far another machine's would fall. One source gives no ``f`` (None)."""
+    pairs = _row_pairs(rows, subject, reference, (key,))
+    kept = [(str(a.get("source") or ""), float(a[key]) / float(b[key])) for a, b in pairs if b[key]]
+    return stats.between_groups([r for _, r in kept], [s for s, _ in kept])
+
+
 def _judgement(prefix: str, ci: Mapping[str, Any], tolerance: float) -> dict[str, Any]:
     """``<prefix>verdict`` and ``<prefix>equivalent`` of an interval ``ci`` (its ``ci_lo`` and ``ci_hi``)."""
     lo, hi = ci["ci_lo"], ci["ci_hi"]
@@ -992,7 +1003,8 @@ def summarize(
     (:func:`server_side`), ``load_side`` whether the clients kept the same load (:func:`load_side`),
     ``client_side`` how much of their requests' time was the client's own (:func:`client_side`), ``cpu_side``
     how busy each client's process and the server's were meanwhile (:func:`cpu_side`), ``equal_server`` the
-    paired throughput ratio had the server been as fast for both runs of a repeat (:func:`equal_server`). A run
+    paired throughput ratio had the server been as fast for both runs of a repeat (:func:`equal_server`),
+    ``between_sources`` whether pooled folders' pairs differ in mean ratio (:func:`between_sources`). A run
     with throughput ``None`` (nothing completed) is left out of the means; ``all_ok`` says whether every
     request of every run of the client completed."""
     batches: list[dict[str, Any]] = []
@@ -1054,6 +1066,7 @@ def summarize(
                 "client_side": client_side(at, subject),
                 "cpu_side": cpu_side(at, subject),
                 "equal_server": equal_server(at, subject, tolerance),
+                "between_sources": between_sources(at, subject, reference, key),
             }
         )
     return {

@@ -886,6 +886,29 @@ def test_pool_pairs_each_repeat_within_its_own_machine(tmp_path: Path, capsys) -
         got = list(csv.DictReader(fh))
     assert next(iter(got[0])) == "source" and {r["source"] for r in got} == {str(a), str(b)} and len(got) == 12
     assert "paired by repeat (n=6)" in capsys.readouterr().out
+    assert batch["between_sources"]["f"] is None  # every pair 0.99: no spread within a machine to test against
+
+
+def test_pool_tests_whether_its_machines_move_the_ratio(tmp_path: Path, capsys) -> None:
+    # ours reads 0.99-1.01 of minimal on machine a and 1.04-1.06 on b: a machine effect the pairs resolve
+    def runs(offset: float) -> list[dict]:
+        pairs = [(_row(64, i, "minimal", 50.0), _row(64, i, "slmserve", 50 * (offset + d)))
+                 for i, d in enumerate((-0.01, 0.0, 0.01))]  # fmt: skip
+        return [r for pair in pairs for r in pair]
+
+    a = _measured(tmp_path / "m1", runs(1.0), "h100-a", reference="minimal")
+    b = _measured(tmp_path / "m2", runs(1.05), "h100-b", reference="minimal")
+    out = tmp_path / "pooled"
+    assert harness_fidelity.main(["--out", str(out), "--pool", str(a), str(b)]) == 0
+    (batch,) = json.loads((out / "fidelity.json").read_text())["batches"]
+    apart = batch["between_sources"]
+    # between 2 x 3 x 0.025^2 over 1 df, within 4 x 0.01^2 over 4 df: F = 37.5, p = 0.0036
+    assert (apart["groups"], apart["n"], apart["f"]) == (2, 6, pytest.approx(37.5))
+    assert apart["means"] == {str(a): pytest.approx(1.0), str(b): pytest.approx(1.05)}
+    printed = capsys.readouterr().out
+    assert "between folders (one-way ANOVA of the pairs' ratios, 2 folders): F 37.50, p 0.004; m1 1.0000 (3)" in printed
+    (alone,) = json.loads((a / "fidelity.json").read_text())["batches"]
+    assert alone["between_sources"]["f"] is None and alone["between_sources"]["groups"] == 1
 
 
 def test_pool_judges_the_subject_its_folders_judged(tmp_path: Path) -> None:
@@ -953,8 +976,14 @@ def test_the_committed_h100_pools_are_what_their_folders_give(
     (got,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
     (want,) = json.loads((root / pooled / "fidelity.json").read_text())["batches"]
     keys = ("paired_n", "paired_ratio", "paired_ci_lo", "paired_ci_hi", "paired_verdict", "paired_equivalent",
-            "paired_n_needed", "paired_n_inside")  # fmt: skip
-    assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
+            "paired_n_needed", "paired_n_inside", "between_sources")  # fmt: skip
+
+    def named(batch: dict) -> dict:  # the sources as folder names: the committed pool named them relative
+        apart = batch["between_sources"]
+        return {**batch, "between_sources": {**apart, **{k: {Path(s).name: v for s, v in apart[k].items()}
+                                                         for k in ("means", "counts")}}}  # fmt: skip
+
+    assert {k: named(got)[k] for k in keys} == {k: named(want)[k] for k in keys}
     assert (got["paired_n"], round(got["paired_ratio"], 4)) == (pairs, ratio)
 
 
