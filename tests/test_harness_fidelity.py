@@ -959,6 +959,7 @@ def test_pool_against_a_named_reference_that_every_folder_ran(tmp_path: Path) ->
     [
         ("m92-m93-opt125m-b512-pooled", ["m92-opt125m-b512", "m93-opt125m-b512"], 49, 1.0238),
         ("m92-m93-m94-opt125m-b512-pooled", ["m92-opt125m-b512", "m93-opt125m-b512", "m94-opt125m-b512"], 90, 1.0122),
+        ("m92-m95-opt125m-b512-pooled", [f"m9{i}-opt125m-b512" for i in (2, 3, 4, 5)], 143, 1.0029),
         ("m93-m94-opt125m-b64-pooled", ["m93-opt125m-b64", "m94-opt125m-b64"], 20, 1.0149),
     ],
 )
