@@ -701,10 +701,10 @@ def _row_pairs(
 
 def between_sources(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key: str) -> dict[str, Any]:
     """Whether the pooled folders' pairs differ in mean ratio ``subject / reference`` of ``key``: the pairs'
-    ratios (:func:`_paired`) grouped by their ``source``, :func:`slmserve.stats.between_groups` (a one-way
-    ANOVA, ``f`` and ``p``, with each source's mean and count). Pooling treats the pairs of every folder as
-    one sample; a small ``p`` says a machine moves the ratio, and the pooled interval then understates how
-    far another machine's would fall. One source gives no ``f`` (None)."""
+    ratios (:func:`_paired`) grouped by their ``source``, :func:`slmserve.stats.between_groups` (the
+    Alexander-Govern test, ``statistic`` and ``p``, with each source's mean and count). Pooling treats the
+    pairs of every folder as one sample; a small ``p`` says a machine moves the ratio, and the pooled interval
+    then understates how far another machine's would fall. One source gives no ``statistic`` (None)."""
     pairs = _row_pairs(rows, subject, reference, (key,))
     kept = [(str(a.get("source") or ""), float(a[key]) / float(b[key])) for a, b in pairs if b[key]]
     return stats.between_groups([r for _, r in kept], [s for s, _ in kept])

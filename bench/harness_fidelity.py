@@ -300,10 +300,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         for field, label in CPU_LABELS.items():
             _print_side(label, cpu.get(field), cpu.get(f"{field}_vs"), summary["subject"], difference=True)
         apart = b.get("between_sources") or {}
-        if apart.get("f") is not None:
+        if apart.get("statistic") is not None:
             each = ", ".join(f"{Path(k).name} {v:.4f} ({apart['counts'][k]})" for k, v in apart["means"].items())
-            print(f"    between folders (one-way ANOVA of the pairs' ratios, {apart['groups']} folders):"
-                  f" F {apart['f']:.2f}, p {apart['p']:.3f}; {each}", flush=True)  # fmt: skip
+            print(f"    between folders (Alexander-Govern test of the pairs' mean ratios, {apart['groups']} folders):"
+                  f" A {apart['statistic']:.2f}, p {apart['p']:.3f}; {each}", flush=True)  # fmt: skip
         link = b.get("host_link") or {}
         if link.get("host_speed_ms_min") is not None:
             steal = _fmt(link["host_steal_frac_max"], ".2%")

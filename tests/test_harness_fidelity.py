@@ -20,6 +20,7 @@ import polars as pl
 import psutil
 import pytest
 from aiohttp import web
+from scipy import stats as sp_stats
 
 from bench import fidelity, harness_fidelity
 from slmserve import analysis, runner, stats
@@ -886,7 +887,7 @@ def test_pool_pairs_each_repeat_within_its_own_machine(tmp_path: Path, capsys) -
         got = list(csv.DictReader(fh))
     assert next(iter(got[0])) == "source" and {r["source"] for r in got} == {str(a), str(b)} and len(got) == 12
     assert "paired by repeat (n=6)" in capsys.readouterr().out
-    assert batch["between_sources"]["f"] is None  # every pair 0.99: no spread within a machine to test against
+    assert batch["between_sources"]["statistic"] is None  # every pair 0.99: no spread within a machine to test against
 
 
 def test_pool_tests_whether_its_machines_move_the_ratio(tmp_path: Path, capsys) -> None:
@@ -902,13 +903,15 @@ def test_pool_tests_whether_its_machines_move_the_ratio(tmp_path: Path, capsys) 
     assert harness_fidelity.main(["--out", str(out), "--pool", str(a), str(b)]) == 0
     (batch,) = json.loads((out / "fidelity.json").read_text())["batches"]
     apart = batch["between_sources"]
-    # between 2 x 3 x 0.025^2 over 1 df, within 4 x 0.01^2 over 4 df: F = 37.5, p = 0.0036
-    assert (apart["groups"], apart["n"], apart["f"]) == (2, 6, pytest.approx(37.5))
+    want = sp_stats.alexandergovern([0.99, 1.0, 1.01], [1.04, 1.05, 1.06])
+    assert (apart["groups"], apart["n"], apart["statistic"]) == (2, 6, pytest.approx(want.statistic))
+    assert apart["p"] == pytest.approx(want.pvalue) and apart["p"] < 0.01 and apart["n"] == batch["paired_n"]
     assert apart["means"] == {str(a): pytest.approx(1.0), str(b): pytest.approx(1.05)}
     printed = capsys.readouterr().out
-    assert "between folders (one-way ANOVA of the pairs' ratios, 2 folders): F 37.50, p 0.004; m1 1.0000 (3)" in printed
+    line = f"between folders (Alexander-Govern test of the pairs' mean ratios, 2 folders): A {want.statistic:.2f}"
+    assert f"{line}, p {want.pvalue:.3f}; m1 1.0000 (3), m2 1.0500 (3)" in printed
     (alone,) = json.loads((a / "fidelity.json").read_text())["batches"]
-    assert alone["between_sources"]["f"] is None and alone["between_sources"]["groups"] == 1
+    assert alone["between_sources"]["statistic"] is None and alone["between_sources"]["groups"] == 1
 
 
 def test_pool_judges_the_subject_its_folders_judged(tmp_path: Path) -> None:

@@ -180,20 +180,27 @@ def test_repeats_inside_leaves_the_bound_what_the_mean_has_not_used() -> None:
     assert stats.repeats_inside(None, 0.1, 0.02) is None and stats.repeats_inside(1.0, None, 0.02) is None
 
 
-def test_between_groups_is_the_one_way_anova_of_the_groups() -> None:
-    # means 2 and 5 (grand 3.5): between 2 x 3 x 1.5^2 = 13.5 over 1 df, within 2 + 2 = 4 over 4 df: F = 13.5
-    got = stats.between_groups([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 9.0], ["a", "a", "a", "b", "b", "b", "lone"])
-    assert got["f"] == pytest.approx(13.5)
-    assert got["p"] == pytest.approx(float(st.f.sf(13.5, 1, 4)))
-    assert (got["n"], got["groups"]) == (6, 2)  # the group of one value tells no spread and is left out
-    assert got["means"] == {"a": 2.0, "b": 5.0} and got["counts"] == {"a": 3, "b": 3}
-    same = stats.between_groups([1.0, 2.0, 3.0, 1.0, 2.0, 3.0], [0, 0, 0, 1, 1, 1])
-    assert same["f"] == pytest.approx(0.0) and same["p"] == pytest.approx(1.0)
+def test_between_groups_is_the_alexander_govern_test_of_the_groups() -> None:
+    values, groups = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 9.0], ["a", "a", "a", "b", "b", "b", "lone"]
+    got = stats.between_groups(values, groups)
+    want = st.alexandergovern([1.0, 2.0, 3.0], [4.0, 6.0, 8.0])  # the group of one value tells no spread
+    assert (got["statistic"], got["p"]) == (pytest.approx(want.statistic), pytest.approx(want.pvalue))
+    assert (got["n"], got["groups"]) == (6, 2)
+    assert got["means"] == {"a": 2.0, "b": 6.0} and got["counts"] == {"a": 3, "b": 3}
+    # unlike the F test it weights each mean by its own spread: b's SD twice a's gives another p
+    assert got["p"] != pytest.approx(st.f_oneway([1.0, 2.0, 3.0], [4.0, 6.0, 8.0]).pvalue)
+    close = stats.between_groups([1.0, 2.0, 3.0, 0.1, 2.1, 4.1], [0, 0, 0, 1, 1, 1])  # means 0.1 apart, SDs 1, 2
+    assert close["statistic"] < 0.01 and close["p"] > 0.9
+    moved = stats.between_groups([1.0, 2.0, 3.0, 1.5, 2.5, 3.5, 1.0, 2.0, 4.0], [0, 0, 0, 1, 1, 1, 2, 2, 2])
+    shifted = stats.between_groups(
+        [v + 10 for v in (1.0, 2.0, 3.0, 1.5, 2.5, 3.5, 1.0, 2.0, 4.0)], [0] * 3 + [1] * 3 + [2] * 3
+    )
+    assert moved["p"] == pytest.approx(shifted["p"]) and 0.0 < moved["p"] < 1.0
 
 
 def test_between_groups_gives_no_test_without_two_groups_or_spread() -> None:
-    assert stats.between_groups([1.0, 2.0, 3.0], ["a"] * 3)["f"] is None
-    flat = stats.between_groups([1.0, 1.0, 2.0, 2.0], ["a", "a", "b", "b"])
-    assert (flat["f"], flat["p"], flat["groups"]) == (None, None, 2)
+    assert stats.between_groups([1.0, 2.0, 3.0], ["a"] * 3)["statistic"] is None
+    flat = stats.between_groups([1.0, 1.0, 2.0, 3.0], ["a", "a", "b", "b"])
+    assert (flat["statistic"], flat["p"], flat["groups"]) == (None, None, 2)
     with pytest.raises(ValueError, match="3 values against 2 group labels"):
         stats.between_groups([1.0, 2.0, 3.0], ["a", "b"])
