@@ -680,7 +680,14 @@ def _paired(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key
     (their mean and its 95% t-interval). Pairing removes what the two runs of a repeat share (the server's
     and the host's state at the time) from the interval. Rows pooled from several runs carry their
     ``source``: a repeat pairs only within its own source (repeat 0 of two machines is two pairs)."""
-    return stats.describe([a / b for a, b in _pairs(rows, subject, reference, key) if b])
+    return stats.describe([ratio for _, ratio in _pair_ratios(rows, subject, reference, key)])
+
+
+def _pair_ratios(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key: str) -> list[tuple[str, float]]:
+    """Each pair's ``source`` and its ratio ``subject / reference`` of ``key``; a pair whose reference is 0
+    gives no ratio."""
+    return [(str(a.get("source") or ""), float(a[key]) / float(b[key]))
+            for a, b in _row_pairs(rows, subject, reference, (key,)) if b[key]]  # fmt: skip
 
 
 def _pairs(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key: str) -> list[tuple[float, float]]:
@@ -705,9 +712,8 @@ def between_sources(rows: Sequence[Mapping[str, Any]], subject: str, reference: 
     Alexander-Govern test, ``statistic`` and ``p``, with each source's mean and count). Pooling treats the
     pairs of every folder as one sample; a small ``p`` says a machine moves the ratio, and the pooled interval
     then understates how far another machine's would fall. One source gives no ``statistic`` (None)."""
-    pairs = _row_pairs(rows, subject, reference, (key,))
-    kept = [(str(a.get("source") or ""), float(a[key]) / float(b[key])) for a, b in pairs if b[key]]
-    return stats.between_groups([r for _, r in kept], [s for s, _ in kept])
+    kept = _pair_ratios(rows, subject, reference, key)
+    return stats.between_groups([ratio for _, ratio in kept], [source for source, _ in kept])
 
 
 def _judgement(prefix: str, ci: Mapping[str, Any], tolerance: float) -> dict[str, Any]:

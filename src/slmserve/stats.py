@@ -121,6 +121,15 @@ def correlation(xs: Sequence[float], ys: Sequence[float], permute: bool = True) 
             "p_perm": float(res.pvalue) if permute else None}  # fmt: skip
 
 
+def _groups_of_two(groups: Sequence[Any]) -> dict[Any, list[int]]:
+    """The positions of each group's values, for the groups of two values or more (one value tells no spread
+    within its group), in order of first appearance."""
+    members: dict[Any, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    return {g: idx for g, idx in members.items() if len(idx) > 1}
+
+
 def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequence[Any],
                        n_resamples: int = 9999) -> dict[str, Any]:  # fmt: skip
     """Pearson's ``r`` of paired values within groups (a machine's repeats): the ``r`` of each value's
@@ -133,10 +142,7 @@ def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequenc
     group, give no r (None); an ``r`` of exactly ±1 has a CI of that one value."""
     if not len(xs) == len(ys) == len(groups):
         raise ValueError(f"{len(xs)} x, {len(ys)} y and {len(groups)} group values: a correlation needs triples")
-    members: dict[Any, list[int]] = {}
-    for i, g in enumerate(groups):
-        members.setdefault(g, []).append(i)
-    kept = [idx for idx in members.values() if len(idx) > 1]
+    kept = list(_groups_of_two(groups).values())
     n, k = sum(map(len, kept)), len(kept)
     none = {"n": n, "groups": k, "r": None, "ci_lo": None, "ci_hi": None, "p_perm": None}
     if n < k + 4:
@@ -174,10 +180,7 @@ def between_groups(values: Sequence[float], groups: Sequence[Any]) -> dict[str, 
     or a group without spread (beyond 1e-12 of its size: rounding), give no ``statistic`` or ``p`` (None)."""
     if len(values) != len(groups):
         raise ValueError(f"{len(values)} values against {len(groups)} group labels: each value needs its group")
-    members: dict[Any, list[float]] = {}
-    for v, g in zip(values, groups, strict=True):
-        members.setdefault(g, []).append(float(v))
-    kept = {g: vs for g, vs in members.items() if len(vs) > 1}
+    kept = {g: [float(values[i]) for i in idx] for g, idx in _groups_of_two(groups).items()}
     out = {"n": sum(map(len, kept.values())), "groups": len(kept), "statistic": None, "p": None,
            "means": {str(g): float(np.mean(vs)) for g, vs in kept.items()},
            "counts": {str(g): len(vs) for g, vs in kept.items()}}  # fmt: skip
