@@ -1,7 +1,7 @@
 """Harness fidelity: does the project's load generator measure the throughput other clients measure?
 
 On one vLLM server and one workload (N token-id prompts sent at once, at most B in flight, ``max_tokens``
-output tokens with ``ignore_eos``), three clients take turns and their throughputs are compared:
+output tokens with ``ignore_eos``), the clients take turns and their throughputs are compared:
 
 * ``slmserve``: :mod:`slmserve.loadgen` as :func:`slmserve.runner.load_spec` drives it under
   ``batch_control: client`` (:func:`slmserve_spec`, :func:`slmserve_client`);
@@ -11,6 +11,8 @@ output tokens with ``ignore_eos``), three clients take turns and their throughpu
   :data:`BENCH_LAUNCHER` stands in for the ``vllm`` console script, which the CPU wheel breaks, and runs
   under ``python -O`` (vLLM 0.26.0 asserts a tokenizer even under ``--skip-tokenizer-init``);
 * ``minimal``: a non-streaming aiohttp client with a semaphore (:func:`minimal_client`);
+* ``minimal-stream`` (only when asked for): the same client sending the load generator's streaming requests
+  (``stream: true``, usage in the last chunk), so that the server does for it the work it does for ``slmserve``;
 * ``server-cap`` (only when asked for): the load generator without a client-side cap, every request sent at
   once so that the server's ``--max-num-seqs`` holds the batch, as under ``batch_control: restart``.
 
@@ -34,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,8 +53,9 @@ from slmserve.server import pdeathsig
 SUBJECT = "slmserve"
 VLLM_BENCH = "vllm-bench"
 MINIMAL = "minimal"
+MINIMAL_STREAM = "minimal-stream"
 SERVER_CAP = "server-cap"
-CLIENTS = (SUBJECT, VLLM_BENCH, MINIMAL, SERVER_CAP)
+CLIENTS = (SUBJECT, VLLM_BENCH, MINIMAL, SERVER_CAP, MINIMAL_STREAM)
 DEFAULT_CLIENTS = (SUBJECT, VLLM_BENCH, MINIMAL)
 TOLERANCE = 0.02
 
@@ -89,7 +92,7 @@ class RunResult:
     ok: int
     duration_s: float | None
     throughput_rps: float | None
-    """The client's own throughput: completed / (last end - first send) for ``slmserve`` and ``minimal``,
+    """The client's own throughput: completed / (last end - first send) for ``slmserve`` and the minimal clients,
     vLLM's ``request_throughput`` (completed / its benchmark duration, which starts earlier) for ``vllm-bench``."""
     output_tok_s: float | None
     output_tokens: int
@@ -198,9 +201,10 @@ def load_prompts(path: Path, input_len: int) -> list[list[int]]:
     return [list(p[:input_len]) for p in ids]
 
 
-def request_body(model: str, prompt: Sequence[int], output_len: int) -> dict[str, Any]:
-    """The non-streaming request: what :mod:`slmserve.loadgen` sends, with ``stream: false``."""
-    return loadgen.request_body(model, prompt, output_len, stream=False)
+def request_body(model: str, prompt: Sequence[int], output_len: int, stream: bool = False) -> dict[str, Any]:
+    """The minimal client's request: what :mod:`slmserve.loadgen` sends, with ``stream: false`` unless ``stream``
+    (then ``stream_options: {include_usage: true}`` too)."""
+    return loadgen.request_body(model, prompt, output_len, stream=stream)
 
 
 async def guarded(coro: Coroutine[Any, Any, _T], alive: Callable[[], bool] | None, poll_s: float = 0.5) -> _T:
@@ -228,8 +232,41 @@ class _Inflight:
         self.peak = 0
 
 
+def stream_usage(body: bytes) -> tuple[int | None, str | None]:
+    """``usage.completion_tokens`` of a streamed completion's whole body, from the last ``data:`` line carrying
+    ``usage`` before the closing ``data: [DONE]``, or None and why there is none. Lines are read from the end,
+    and only those naming ``usage`` are decoded (one, for vLLM's streams)."""
+    lines = (line.strip() for line in _lines_from_end(body))
+    payloads = (line[5:].strip() for line in lines if line.startswith(b"data:"))
+    if next(payloads, None) != b"[DONE]":
+        return None, "stream ended without data: [DONE]"
+    last = None
+    for payload in payloads:
+        last = last or payload  # the stream's last data line, for the error
+        if b'"usage"' in payload:
+            usage = json.loads(payload).get("usage")
+            if usage:
+                return usage.get("completion_tokens"), None
+    excerpt = "" if last is None else f" (last data: {last[:200].decode('utf-8', 'replace')})"
+    return None, f"stream without usage before data: [DONE]{excerpt}"
+
+
+def _lines_from_end(body: bytes) -> Iterator[bytes]:
+    end = len(body)
+    while end >= 0:
+        start = body.rfind(b"\n", 0, end) + 1
+        yield body[start:end]
+        end = start - 1
+
+
 async def _post(
-    session: aiohttp.ClientSession, url: str, body: bytes, expected: int, sem: asyncio.Semaphore, count: _Inflight
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    expected: int,
+    sem: asyncio.Semaphore,
+    count: _Inflight,
+    stream: bool = False,
 ) -> _Sent:
     async with sem:
         count.now += 1
@@ -237,12 +274,16 @@ async def _post(
         send = time.perf_counter()
         try:
             async with session.post(url, data=body, headers=_HEADERS) as resp:
-                raw = await resp.read()
+                raw = await resp.read()  # a stream too: its chunks as they come, until it ends
                 end = time.perf_counter()
                 if resp.status != 200:
                     return _Sent(send, end, None, f"HTTP {resp.status}: {raw[:300].decode('utf-8', 'replace')}")
-                usage = json.loads(raw).get("usage") or {}
-                tokens = usage.get("completion_tokens")
+                if stream:
+                    tokens, error = stream_usage(raw)
+                    if error is not None:
+                        return _Sent(send, end, None, error[:300])
+                else:
+                    tokens = (json.loads(raw).get("usage") or {}).get("completion_tokens")
                 if tokens != expected:
                     return _Sent(send, end, tokens, f"usage.completion_tokens = {tokens}, expected {expected}")
                 return _Sent(send, end, tokens, None)
@@ -253,11 +294,16 @@ async def _post(
 
 
 async def _send_all(
-    session: aiohttp.ClientSession, url: str, bodies: Sequence[bytes], expected: int, concurrency: int
+    session: aiohttp.ClientSession,
+    url: str,
+    bodies: Sequence[bytes],
+    expected: int,
+    concurrency: int,
+    stream: bool = False,
 ) -> tuple[list[_Sent], int]:
     sem = asyncio.Semaphore(concurrency)
     count = _Inflight()
-    sent = await asyncio.gather(*(_post(session, url, b, expected, sem, count) for b in bodies))
+    sent = await asyncio.gather(*(_post(session, url, b, expected, sem, count, stream) for b in bodies))
     return list(sent), count.peak
 
 
@@ -270,26 +316,29 @@ async def minimal_client(
     *,
     warmup: int = 0,
     timeout_s: float = 3600.0,
+    stream: bool = False,
 ) -> RunResult:
     """Send every prompt at once, at most ``concurrency`` in flight, after ``warmup`` requests (the first
     prompts, cyclically) that are not measured. Throughput = completed / (last end - first send) of the
-    completed requests (all of them when none failed)."""
+    completed requests (all of them when none failed).
+    With ``stream`` (client ``minimal-stream``): the load generator's streaming body; a request ends when its
+    stream does, its tokens the usage of the last chunk before ``[DONE]`` (:func:`stream_usage`)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     url = base_url.rstrip("/") + "/v1/completions"
-    bodies = [json.dumps(request_body(model, p, output_len), separators=(",", ":")).encode() for p in prompts]
+    bodies = [json.dumps(request_body(model, p, output_len, stream), separators=(",", ":")).encode() for p in prompts]
     warm = [bodies[i % len(bodies)] for i in range(warmup)] if bodies else []
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         if warm:
-            await _send_all(session, url, warm, output_len, concurrency)
-        sent, peak = await _send_all(session, url, bodies, output_len, concurrency)
+            await _send_all(session, url, warm, output_len, concurrency, stream)
+        sent, peak = await _send_all(session, url, bodies, output_len, concurrency, stream)
     ok = [s for s in sent if s.error is None]
     errors = [s.error for s in sent if s.error is not None]
     duration = (max(s.end for s in ok) - min(s.send for s in ok)) if ok else None
     tokens = sum(s.completion_tokens or 0 for s in ok)
     return RunResult(
-        client=MINIMAL,
+        client=MINIMAL_STREAM if stream else MINIMAL,
         n=len(sent),
         ok=len(ok),
         duration_s=duration,
@@ -716,6 +765,20 @@ def between_sources(rows: Sequence[Mapping[str, Any]], subject: str, reference: 
     return stats.between_groups([ratio for _, ratio in kept], [source for source, _ in kept])
 
 
+def across_sources(
+    rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key: str, tolerance: float
+) -> dict[str, Any]:
+    """The pooled folders' mean ratio ``subject / reference`` of ``key`` with machines as a random effect:
+    the pairs' ratios grouped by ``source`` (as :func:`between_sources` groups them), then
+    :func:`slmserve.stats.across_groups` (``mean``, ``ci_lo``, ``ci_hi``, ``tau`` the SD of the machines'
+    own ratios, ``i2``), judged at ``tolerance`` (``verdict``, ``equivalent``). Its CI is of the ratio on a
+    machine drawn like these, so it widens when machines differ; the ``paired_*`` keys judge every pair as
+    one sample, which holds only where they do not. One source gives ``mean`` None (``inconclusive``)."""
+    kept = _pair_ratios(rows, subject, reference, key)
+    pooled = stats.across_groups([ratio for _, ratio in kept], [source for source, _ in kept])
+    return {**pooled, **_judgement("", pooled, tolerance)}
+
+
 def _judgement(prefix: str, ci: Mapping[str, Any], tolerance: float) -> dict[str, Any]:
     """``<prefix>verdict`` and ``<prefix>equivalent`` of an interval ``ci`` (its ``ci_lo`` and ``ci_hi``)."""
     lo, hi = ci["ci_lo"], ci["ci_hi"]
@@ -1010,7 +1073,9 @@ def summarize(
     ``client_side`` how much of their requests' time was the client's own (:func:`client_side`), ``cpu_side``
     how busy each client's process and the server's were meanwhile (:func:`cpu_side`), ``equal_server`` the
     paired throughput ratio had the server been as fast for both runs of a repeat (:func:`equal_server`),
-    ``between_sources`` whether pooled folders' pairs differ in mean ratio (:func:`between_sources`). A run
+    ``between_sources`` whether pooled folders' pairs differ in mean ratio (:func:`between_sources`),
+    ``across_sources`` the pooled ratio with machines as a random effect (:func:`across_sources`: the reading
+    of a pool whose folders differ, ``between_sources``' ``p`` below 0.05). A run
     with throughput ``None`` (nothing completed) is left out of the means; ``all_ok`` says whether every
     request of every run of the client completed."""
     batches: list[dict[str, Any]] = []
@@ -1073,6 +1138,7 @@ def summarize(
                 "cpu_side": cpu_side(at, subject),
                 "equal_server": equal_server(at, subject, tolerance),
                 "between_sources": between_sources(at, subject, reference, key),
+                "across_sources": across_sources(at, subject, reference, key, tolerance),
             }
         )
     return {

@@ -2,7 +2,8 @@
 
     python bench/harness_fidelity.py --out DIR [--prompts results/quick/data/prompts-in512-n500.parquet]
         [--batch-sizes 1 64 512] [--repeats 3] [--requests N | B=N ...] [--interleave]
-        [--clients slmserve vllm-bench minimal [server-cap]]   (server-cap: one --batch-sizes value)
+        [--clients slmserve vllm-bench minimal [minimal-stream] [server-cap]]   (server-cap: one --batch-sizes value)
+        [--reference vllm-bench | minimal | minimal-stream]
     python bench/harness_fidelity.py --out DIR --judge          (judge DIR's runs again)
     python bench/harness_fidelity.py --out DIR --pool DIR1 DIR2 (judge several machines' runs as one sample)
 
@@ -17,7 +18,9 @@ mean throughputs ``slmserve`` / reference, whose 95% CI must contain 1 with a ha
 (:func:`bench.fidelity.equal_server_ratio`: the server's speed from one run to the next taken out by Little's law).
 ``server-cap`` (asked for in ``--clients``) is the load generator with no client-side cap, every request sent at
 once so that the server's ``--max-num-seqs`` holds the batch (``batch_control: restart``); the server's cap is
-the largest batch, so it needs a single batch size. Every run records the host's speed and CPU steal around it,
+the largest batch, so it needs a single batch size. ``minimal-stream`` (asked for in ``--clients``) is the minimal
+client sending the load generator's streaming requests, so that the server works for it as for ``slmserve``
+(streamed requests cost it more than ``minimal``'s). Every run records the host's speed and CPU steal around it,
 the server's own mean latency over it (vLLM's ``/metrics`` read before and after, and polled once a second
 during it to split the warm-up off: :func:`bench.fidelity.measured_latency`), the requests its client kept
 in flight (:func:`bench.fidelity.mean_inflight`), and the cores its client's process, vLLM's API server and the
@@ -27,8 +30,8 @@ server's engine core used while the measured requests were served (read at each 
 existed), or every run in one process that imports vLLM once (``worker``, :class:`bench.fidelity.BenchWorker`:
 20-25 s less per run on an H200 host; but on the CPU engine its runs measured 0.9824 [0.9684, 0.9965] of a
 process's, ``bench/bench_worker_check.py``, so the two are not pooled).
-If ``vllm bench serve`` cannot run offline here, it is dropped (the reason is printed) and ``minimal`` becomes
-the reference; a later failure is recorded as a failed run.
+If ``vllm bench serve`` cannot run offline here, it is dropped (the reason is printed) and ``minimal`` (else
+``minimal-stream``) becomes the reference; a later failure is recorded as a failed run.
 
 Outputs, rewritten atomically after every run: ``DIR/fidelity.csv`` (one row per batch, repeat and client),
 ``DIR/fidelity.json`` (per batch: means, CVs, ratios, verdict; settings; server; provenance), logs in
@@ -61,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from bench import fidelity
-from bench.fidelity import MINIMAL, SERVER_CAP, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
+from bench.fidelity import MINIMAL, MINIMAL_STREAM, SERVER_CAP, SUBJECT, VLLM_BENCH, BenchUnavailable, RunResult
 from slmserve import enginemetrics, provenance, runner, telemetry
 from slmserve.gpuslots import Allocation, GpuSlots
 from slmserve.measure import batch_fits
@@ -69,6 +72,7 @@ from slmserve.server import VllmServer, install_signal_handlers
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("harness_fidelity")
+REFERENCES = (VLLM_BENCH, MINIMAL, MINIMAL_STREAM)  # --reference's choices, in the order of its default
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,12 +107,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "warm-up off its latency (server_measured_e2e_s); 0: do not poll (the protocol of the "
                          "runs before 2026-12-04 evening)")  # fmt: skip
     ap.add_argument("--clients", nargs="+", choices=fidelity.CLIENTS, default=list(fidelity.DEFAULT_CLIENTS),
-                    help="clients to run (default: slmserve vllm-bench minimal); server-cap: slmserve with no"
-                         " client-side cap, the server's --max-num-seqs holding the batch"
-                         " (one --batch-sizes value)")  # fmt: skip
-    ap.add_argument("--reference", choices=[VLLM_BENCH, MINIMAL], default=None,
-                    help="the client the verdict compares with (default: vllm-bench, else minimal); with --pool, "
-                         "judge against it folders that judged another reference but ran it too")  # fmt: skip
+                    help="clients to run (default: slmserve vllm-bench minimal); minimal-stream: minimal sending"
+                         " slmserve's streaming requests; server-cap: slmserve with no client-side cap, the"
+                         " server's --max-num-seqs holding the batch (one --batch-sizes value)")  # fmt: skip
+    ap.add_argument("--reference", choices=REFERENCES, default=None,
+                    help="the client the verdict compares with (default: vllm-bench, else minimal, else"
+                         " minimal-stream); with --pool, judge against it folders that judged another reference but"
+                         " ran it too")  # fmt: skip
     ap.add_argument("--tolerance", type=float, default=fidelity.TOLERANCE)
     ap.add_argument("--bench-process", choices=["run", "worker"], default="run",
                     help="vllm bench serve as a process of its own for every run (run), or every run in one process"
@@ -133,9 +138,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.pool:
         return args  # the folders hold the clients; --reference, if given, must be among each folder's runs
-    args.reference = args.reference or VLLM_BENCH
-    if args.reference not in args.clients:
-        args.reference = MINIMAL if MINIMAL in args.clients else VLLM_BENCH
+    if args.reference is not None and args.reference not in args.clients:
+        ap.error(f"--reference {args.reference} is not among --clients {' '.join(args.clients)}: add it there")
+    args.reference = args.reference or next((c for c in REFERENCES if c in args.clients), VLLM_BENCH)
     if args.input_len + args.output_len > args.max_model_len:
         ap.error("--input-len + --output-len exceeds --max-model-len")
     try:
@@ -179,10 +184,10 @@ def run_client(
             warmup_requests=args.warmup_requests, stream=not args.no_stream, client_cap=client == SUBJECT,
         )  # fmt: skip
         result = asyncio.run(fidelity.guarded(fidelity.slmserve_client(spec, client=client), srv.alive))
-    elif client == MINIMAL:
+    elif client in (MINIMAL, MINIMAL_STREAM):
         coro = fidelity.minimal_client(
             srv.base_url, args.served_name, prompts, args.output_len, batch, warmup=warmup,
-            timeout_s=args.run_timeout_s,
+            timeout_s=args.run_timeout_s, stream=client == MINIMAL_STREAM,
         )  # fmt: skip
         result = asyncio.run(fidelity.guarded(coro, srv.alive))
     else:
@@ -299,17 +304,31 @@ def print_summary(summary: dict[str, Any]) -> None:
         cpu = b.get("cpu_side") or {}
         for field, label in CPU_LABELS.items():
             _print_side(label, cpu.get(field), cpu.get(f"{field}_vs"), summary["subject"], difference=True)
-        apart = b.get("between_sources") or {}
-        if apart.get("statistic") is not None:
-            each = ", ".join(f"{Path(k).name} {v:.4f} ({apart['counts'][k]})" for k, v in apart["means"].items())
-            print(f"    between folders (Alexander-Govern test of the pairs' mean ratios, {apart['groups']} folders):"
-                  f" A {apart['statistic']:.2f}, p {apart['p']:.3f}; {each}", flush=True)  # fmt: skip
+        _print_pool(b, tol)
         link = b.get("host_link") or {}
         if link.get("host_speed_ms_min") is not None:
             steal = _fmt(link["host_steal_frac_max"], ".2%")
             print(f"    host {link['host_speed_ms_min']:.2f}-{link['host_speed_ms_max']:.2f} ms, steal up to {steal};"
                   f" r(host speed, throughput) within clients {_fmt(link['r'])} [{_fmt(link['ci_lo'])},"
                   f" {_fmt(link['ci_hi'])}], n={link['n']}", flush=True)  # fmt: skip
+
+
+def _print_pool(b: dict[str, Any], tol: float) -> None:
+    """A pool's lines: whether its folders differ, and its ratio with machines as a random effect."""
+    apart = b.get("between_sources") or {}
+    if apart.get("statistic") is not None:
+        each = ", ".join(f"{Path(k).name} {v:.4f} ({apart['counts'][k]})" for k, v in apart["means"].items())
+        print(f"    between folders (Alexander-Govern test of the pairs' mean ratios, {apart['groups']} folders):"
+              f" A {apart['statistic']:.2f}, p {apart['p']:.3f}; {each}", flush=True)  # fmt: skip
+        if apart["p"] < 0.05:
+            print("    the folders differ (p < 0.05): the pairs are not one sample; read the pool across folders",
+                  flush=True)  # fmt: skip
+    across = b.get("across_sources") or {}
+    if across.get("mean") is not None:
+        label = f"across folders, machines a random effect ({across['method']}, {across['groups']} folders)"
+        print(_judged(label, across["mean"], across["ci_lo"], across["ci_hi"], across["verdict"],
+                      across["equivalent"], tol) + f"; the machines' SD {across['tau']:.4f}, I2 {across['i2']:.0%}",
+              flush=True)  # fmt: skip
 
 
 CPU_LABELS = {
@@ -387,9 +406,10 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
                     print(f"vllm bench serve: not usable offline because {exc}", flush=True)
                     clients.remove(VLLM_BENCH)
                     if reference == VLLM_BENCH:
-                        reference = MINIMAL
-                        if MINIMAL not in clients:
-                            raise SystemExit("no reference client left: add minimal to --clients") from exc
+                        reference = next((c for c in REFERENCES if c in clients), None)
+                        if reference is None:
+                            raise SystemExit("no reference client left: add minimal or minimal-stream to"
+                                             " --clients") from exc  # fmt: skip
                     continue
                 if client == VLLM_BENCH:
                     bench.update(usable=True, reason="ran offline: --skip-tokenizer-init --dataset-name custom")
@@ -449,7 +469,8 @@ def pool(out: Path, folders: list[Path], tolerance: float, reference: str | None
     with ``sources`` (folder, machine, GPU model, git SHA, time, runs of each) and the first folder's
     settings. Folders must share the workload and server settings (``POOL_SAME``) and the reference, unless
     ``reference`` names it: then every folder must have runs of that client, whichever it judged against (a
-    folder judged against vllm bench serve that ran minimal too pools with one that ran minimal alone)."""
+    folder judged against vllm bench serve that ran minimal too pools with one that ran minimal alone; likewise
+    ``minimal-stream``)."""
     loaded = [(folder, *_measured_run(folder, "--pool")) for folder in folders]
     head, head_doc, _ = loaded[0]  # argparse's nargs="+" gives at least one folder
     named = {} if reference is None else {"reference": reference}  # stands in for what each folder judged

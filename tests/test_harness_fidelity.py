@@ -9,6 +9,7 @@ import csv
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -31,11 +32,22 @@ from tests.test_loadgen import MODEL, StandInCompletionsServer
 
 class RecordingStandIn(StandInCompletionsServer):
     """The stand-in, also recording every request body; a prompt starting with ``short_first_token`` gets a
-    non-streaming reply with one completion token fewer than ``max_tokens``."""
+    reply with one completion token fewer than ``max_tokens`` (streamed: ``max_tokens`` chunks, then a usage of
+    one fewer). Streamed, a prompt starting with ``cut_first_token`` gets its chunks and an end of stream, no
+    usage and no ``[DONE]``; one starting with ``no_usage_first_token`` its chunks and ``[DONE]``, no usage."""
 
-    def __init__(self, *, short_first_token: int | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        short_first_token: int | None = None,
+        cut_first_token: int | None = None,
+        no_usage_first_token: int | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(**kw)
         self.short_first_token = short_first_token
+        self.cut_first_token = cut_first_token
+        self.no_usage_first_token = no_usage_first_token
         self.bodies: list[dict[str, Any]] = []
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
@@ -47,7 +59,25 @@ class RecordingStandIn(StandInCompletionsServer):
             usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out, "total_tokens": len(prompt) + n_out}
             choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
             return web.json_response({"object": "text_completion", "choices": [choice], "usage": usage})
+        odd = (self.short_first_token, self.cut_first_token, self.no_usage_first_token)
+        if body.get("stream") and prompt[0] is not None and prompt[0] in odd:
+            return await self._odd_stream(request, prompt, int(body["max_tokens"]))
         return await super()._serve(request)
+
+    async def _odd_stream(self, request: web.Request, prompt: list[int], n_out: int) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": None}
+        for _ in range(n_out):
+            await asyncio.sleep(self.token_delay_s)
+            await resp.write(b"data: " + self._dumps({"choices": [choice], "usage": None}) + b"\n\n")
+        if prompt[0] == self.short_first_token:
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out - 1}
+            await resp.write(b"data: " + self._dumps({"choices": [], "usage": usage}) + b"\n\n")
+        if prompt[0] != self.cut_first_token:
+            await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
 
 @pytest.fixture
@@ -164,6 +194,80 @@ def test_minimal_client_unreachable_server_fails_every_request() -> None:
     res = asyncio.run(fidelity.minimal_client(f"http://127.0.0.1:{port}", MODEL, _prompts(3), 4, concurrency=2))
     assert (res.n, res.ok, res.throughput_rps, res.duration_s) == (3, 0, None, None)
     assert res.error is not None and "Connect" in res.error
+
+
+# --- the minimal client, streaming (minimal-stream) ------------------------------------------------
+
+
+def test_minimal_stream_client_sends_the_load_generators_streaming_body(
+    server: Callable[..., RecordingStandIn],
+) -> None:
+    srv = server(token_delay_s=0.005)  # 8 chunks: 40 ms per stream
+    prompts = _prompts(10)
+    res = asyncio.run(fidelity.minimal_client(srv.base_url, MODEL, prompts, 8, concurrency=3, warmup=2, stream=True))
+
+    assert srv.n_requests == 12 and sorted(b["prompt"] for b in srv.bodies[2:]) == prompts
+    spec = LoadSpec(base_url="http://x", model=MODEL, prompts=prompts, request_ids=list(range(10)), output_len=8)
+    assert spec.stream  # the load generator's default, as slmserve runs
+    for b in srv.bodies:
+        assert b["stream"] is True and b["stream_options"] == {"include_usage": True}
+        assert b == json.loads(_body(spec, b["prompt"]))
+    # the bytes the client builds are the load generator's
+    built = json.dumps(fidelity.request_body(MODEL, prompts[0], 8, stream=True), separators=(",", ":")).encode()
+    assert built == _body(spec, prompts[0])
+    assert srv.max_active == 3 and res.peak_inflight == 3
+    assert (res.client, res.n, res.ok, res.error) == ("minimal-stream", 10, 10, None)
+    assert res.output_tokens == 80  # from each stream's usage chunk
+    assert res.duration_s is not None and res.duration_s >= 4 * 0.040 * 0.9  # a request ends with its stream
+    assert res.throughput_rps == pytest.approx(10 / res.duration_s)
+    assert res.window_rps == res.throughput_rps and res.mean_inflight is not None and res.mean_inflight <= 3
+
+
+def test_stream_usage_reads_the_last_usage_before_done() -> None:
+    chunk = b'data: {"choices":[{"index":0,"text":"a"}],"usage":null}\n\n'
+    done = b"data: [DONE]\n\n"
+
+    def usage(n: int) -> bytes:
+        return b'data: {"choices":[],"usage":{"prompt_tokens":6,"completion_tokens":%d}}\n\n' % n
+
+    assert fidelity.stream_usage(chunk * 4 + usage(4) + done) == (4, None)
+    # continuous usage stats: every chunk carries usage, the last before [DONE] counts
+    each = b"".join(b'data: {"choices":[{"index":0}],"usage":{"completion_tokens":%d}}\n\n' % k for k in (1, 2, 3))
+    assert fidelity.stream_usage(each + done) == (3, None)
+    # spaced JSON, CRLF line ends, no blank line after [DONE]
+    spaced = b'data:{"choices": [], "usage": {"completion_tokens": 7}}\r\n\r\ndata:[DONE]'
+    assert fidelity.stream_usage(spaced) == (7, None)
+    no_done = (None, "stream ended without data: [DONE]")
+    assert fidelity.stream_usage(chunk * 4 + usage(4)) == no_done  # cut short after its usage
+    assert fidelity.stream_usage(chunk * 2) == no_done
+    assert fidelity.stream_usage(done + usage(4)) == no_done  # a usage after [DONE] is not before it
+    assert fidelity.stream_usage(b"") == no_done
+    assert fidelity.stream_usage(done) == (None, "stream without usage before data: [DONE]")
+    tokens, error = fidelity.stream_usage(chunk * 4 + b'data: {"error":{"message":"boom"}}\n\n' + done)
+    assert tokens is None
+    assert error == 'stream without usage before data: [DONE] (last data: {"error":{"message":"boom"}})'
+
+
+@pytest.mark.parametrize(
+    ("odd", "says"),
+    [
+        ("short_first_token", r"^usage\.completion_tokens = 3, expected 4$"),  # 4 chunks, a usage of 3: usage counts
+        ("cut_first_token", r"^stream ended without data: \[DONE\]$"),
+        ("no_usage_first_token", r"^stream without usage before data: \[DONE\] \(last data: \{"),
+        ("drop_first_token", r"^ClientPayloadError: "),  # the connection dropped mid-stream
+        ("fail_first_token", r"^HTTP 400: "),
+    ],
+)
+def test_minimal_stream_client_counts_a_bad_stream_as_an_error(
+    server: Callable[..., RecordingStandIn], odd: str, says: str
+) -> None:
+    prompts = _prompts(6)
+    srv = server(token_delay_s=0.001, **{odd: prompts[2][0]})
+    res = asyncio.run(fidelity.minimal_client(srv.base_url, MODEL, prompts, 4, concurrency=3, stream=True))
+    assert (res.client, res.n, res.ok) == ("minimal-stream", 6, 5)
+    assert res.output_tokens == 5 * 4
+    assert res.error is not None and re.search(says, res.error), res.error
+    assert res.duration_s is not None and res.throughput_rps == pytest.approx(5 / res.duration_s)
 
 
 def test_guarded_stops_when_the_server_dies() -> None:
@@ -304,6 +408,44 @@ def test_measure_splits_the_warm_up_off_the_servers_latency(
     assert cpu["client_cpu_frac_vs"]["minimal"]["n"] == 1
     assert cpu["client_cpu_frac_vs"]["minimal"]["mean"] == pytest.approx(
         rows[0]["client_cpu_frac"] - rows[1]["client_cpu_frac"])  # fmt: skip
+
+
+def test_measure_judges_slmserve_against_minimal_stream(
+    server: Callable[..., RecordingStandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    srv = server(token_delay_s=0.001)
+    rows = _measure_on(srv, monkeypatch, tmp_path, 8, "--repeats", "2", "--warmup-requests", "2",
+                       "--clients", "slmserve", "minimal-stream", "--reference", "minimal-stream")  # fmt: skip
+    assert sorted((r["repeat"], r["client"]) for r in rows) == [
+        (i, c) for i in (0, 1) for c in ("minimal-stream", "slmserve")
+    ]
+    assert all(r["ok"] == 8 and r["peak_inflight"] == 4 and r["mean_inflight"] > 0.5 for r in rows)
+    # both clients streamed every request, warm-ups included: 2 runs x 2 clients x (8 + a round of 4)
+    assert len(srv.bodies) == 2 * 2 * (8 + runner.warmup_for(2, 4, 8))
+    assert all(b["stream"] is True and b["stream_options"] == {"include_usage": True} for b in srv.bodies)
+    doc = json.loads((tmp_path / "fidelity.json").read_text())
+    (b,) = doc["batches"]
+    assert (doc["reference"], b["reference"], b["paired_n"]) == ("minimal-stream", "minimal-stream", 2)
+    assert sorted(b["paired_vs"]) == ["minimal-stream"] and b["server_side"]["e2e_vs"]["minimal-stream"]["n"] == 2
+    assert "slmserve / minimal-stream" in capsys.readouterr().out
+    assert harness_fidelity.main(["--out", str(tmp_path), "--judge"]) == 0  # judged again against it
+    assert json.loads((tmp_path / "fidelity.json").read_text())["batches"][0]["reference"] == "minimal-stream"
+
+
+def test_measure_falls_back_to_minimal_stream_when_vllm_bench_cannot_run(
+    server: Callable[..., RecordingStandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unusable(**kw: Any) -> fidelity.RunResult:
+        raise fidelity.BenchUnavailable("no vllm here")
+
+    monkeypatch.setattr(harness_fidelity.fidelity, "vllm_bench_client", unusable)
+    srv = server(token_delay_s=0.001)
+    rows = _measure_on(srv, monkeypatch, tmp_path, 4, "--repeats", "1",
+                       "--clients", "slmserve", "vllm-bench", "minimal-stream")  # fmt: skip
+    assert [r["client"] for r in rows] == ["slmserve", "minimal-stream"]
+    doc = json.loads((tmp_path / "fidelity.json").read_text())
+    assert (doc["reference"], doc["vllm_bench"]["usable"]) == ("minimal-stream", False)
+    assert doc["batches"][0]["paired_n"] == 1
 
 
 def test_equal_server_ratio_takes_the_servers_speed_out_of_a_pair() -> None:
@@ -910,8 +1052,17 @@ def test_pool_tests_whether_its_machines_move_the_ratio(tmp_path: Path, capsys) 
     printed = capsys.readouterr().out
     line = f"between folders (Alexander-Govern test of the pairs' mean ratios, 2 folders): A {want.statistic:.2f}"
     assert f"{line}, p {want.pvalue:.3f}; m1 1.0000 (3), m2 1.0500 (3)" in printed
+    assert "the folders differ (p < 0.05): the pairs are not one sample; read the pool across folders" in printed
+    # read across folders, the two machines' ratios are a random effect: wider than the pairs as one sample
+    across = batch["across_sources"]
+    want_across = stats.across_groups([0.99, 1.0, 1.01, 1.04, 1.05, 1.06], ["a"] * 3 + ["b"] * 3)
+    assert across["mean"] == pytest.approx(1.025) and across["ci_lo"] == pytest.approx(want_across["ci_lo"])
+    assert across["ci_hi"] - across["ci_lo"] > batch["paired_ci_hi"] - batch["paired_ci_lo"]
+    assert (across["verdict"], across["equivalent"]) == ("inconclusive", False)
+    assert "across folders, machines a random effect (Paule-Mandel, Hartung-Knapp t CI, 2 folders) 1.0250" in printed
     (alone,) = json.loads((a / "fidelity.json").read_text())["batches"]
     assert alone["between_sources"]["statistic"] is None and alone["between_sources"]["groups"] == 1
+    assert alone["across_sources"]["mean"] is None and alone["across_sources"]["verdict"] == "inconclusive"
 
 
 def test_pool_judges_the_subject_its_folders_judged(tmp_path: Path) -> None:
@@ -958,16 +1109,17 @@ def test_pool_against_a_named_reference_that_every_folder_ran(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
-    ("pooled", "folders", "pairs", "ratio"),
+    ("pooled", "folders", "pairs", "ratio", "across"),
     [
-        ("m92-m93-opt125m-b512-pooled", ["m92-opt125m-b512", "m93-opt125m-b512"], 49, 1.0238),
-        ("m92-m93-m94-opt125m-b512-pooled", ["m92-opt125m-b512", "m93-opt125m-b512", "m94-opt125m-b512"], 90, 1.0122),
-        ("m92-m95-opt125m-b512-pooled", [f"m9{i}-opt125m-b512" for i in (2, 3, 4, 5)], 143, 1.0029),
-        ("m93-m94-opt125m-b64-pooled", ["m93-opt125m-b64", "m94-opt125m-b64"], 20, 1.0149),
+        ("m92-m93-opt125m-b512-pooled", ["m92-opt125m-b512", "m93-opt125m-b512"], 49, 1.0238, 1.0226),
+        ("m92-m93-m94-opt125m-b512-pooled", [f"m9{i}-opt125m-b512" for i in (2, 3, 4)], 90, 1.0122, 1.0145),
+        ("m92-m95-opt125m-b512-pooled", [f"m9{i}-opt125m-b512" for i in (2, 3, 4, 5)], 143, 1.0029, 1.0081),
+        ("m92-m96-opt125m-b512-pooled", [f"m9{i}-opt125m-b512" for i in (2, 3, 4, 5, 6)], 210, 0.9941, 0.9964),
+        ("m93-m94-opt125m-b64-pooled", ["m93-opt125m-b64", "m94-opt125m-b64"], 20, 1.0149, 1.0138),
     ],
 )
 def test_the_committed_h100_pools_are_what_their_folders_give(
-    tmp_path: Path, pooled: str, folders: list[str], pairs: int, ratio: float
+    tmp_path: Path, pooled: str, folders: list[str], pairs: int, ratio: float, across: float
 ) -> None:
     """Each pooled folder under bench/results/h100-harness-fidelity/, quoted in REPRODUCTION.md against the
     minimal client, is ``--pool <folders> --reference minimal`` of its committed folders."""
@@ -980,7 +1132,7 @@ def test_the_committed_h100_pools_are_what_their_folders_give(
     (got,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
     (want,) = json.loads((root / pooled / "fidelity.json").read_text())["batches"]
     keys = ("paired_n", "paired_ratio", "paired_ci_lo", "paired_ci_hi", "paired_verdict", "paired_equivalent",
-            "paired_n_needed", "paired_n_inside", "between_sources")  # fmt: skip
+            "paired_n_needed", "paired_n_inside", "between_sources", "across_sources")  # fmt: skip
 
     def named(batch: dict) -> dict:  # the sources as folder names: the committed pool named them relative
         apart = batch["between_sources"]
@@ -989,6 +1141,21 @@ def test_the_committed_h100_pools_are_what_their_folders_give(
 
     assert {k: named(got)[k] for k in keys} == {k: named(want)[k] for k in keys}
     assert (got["paired_n"], round(got["paired_ratio"], 4)) == (pairs, ratio)
+    assert round(got["across_sources"]["mean"], 4) == across
+
+
+def test_pool_against_minimal_stream(tmp_path: Path) -> None:
+    """Folders judged against minimal that ran minimal-stream too pool against it by name."""
+    rows = [r for i in (0, 1) for r in (_row(512, i, "slmserve", 99.0), _row(512, i, "minimal", 100.0),
+                                        _row(512, i, "minimal-stream", 98.0))]  # fmt: skip
+    a = _measured(tmp_path / "a", rows, "h100-a", reference="minimal")
+    b = _measured(tmp_path / "b", rows, "h100-b", reference="minimal")
+    out = tmp_path / "pooled"
+    assert harness_fidelity.main(["--out", str(out), "--pool", str(a), str(b), "--reference", "minimal-stream"]) == 0
+    pooled = json.loads((out / "fidelity.json").read_text())
+    (batch,) = pooled["batches"]
+    assert (pooled["reference"], batch["paired_n"]) == ("minimal-stream", 4)
+    assert batch["paired_ratio"] == pytest.approx(99 / 98) and batch["paired_vs"]["minimal"]["n"] == 4
 
 
 def test_pool_refuses_runs_of_different_workloads(tmp_path: Path) -> None:
@@ -1042,6 +1209,25 @@ def test_server_cap_needs_one_batch_size() -> None:
     )
     assert args.clients == ["slmserve", "minimal", "server-cap"] and args.batch_sizes == [512]
     assert args.reference == "minimal"
+
+
+def test_minimal_stream_is_a_client_and_a_reference() -> None:
+    def parsed(*argv: str) -> Any:
+        return harness_fidelity.parse_args(["--out", "x", *argv])
+
+    args = parsed("--clients", "slmserve", "minimal-stream", "--reference", "minimal-stream")
+    assert (args.clients, args.reference) == (["slmserve", "minimal-stream"], "minimal-stream")
+    assert "minimal-stream" not in parsed().clients  # asked for, not run by default
+    # no --reference: vllm-bench, else minimal, else minimal-stream; one not run is an error
+    assert parsed("--clients", "slmserve", "minimal-stream").reference == "minimal-stream"
+    assert parsed("--clients", "slmserve", "minimal-stream", "minimal").reference == "minimal"
+    with pytest.raises(SystemExit):
+        parsed("--clients", "slmserve", "minimal-stream", "--reference", "minimal")
+    both = parsed("--clients", "slmserve", "minimal", "minimal-stream", "--reference", "minimal-stream")
+    assert both.reference == "minimal-stream"
+    assert parsed("--pool", "a", "b", "--reference", "minimal-stream").reference == "minimal-stream"
+    with pytest.raises(SystemExit):
+        parsed("--clients", "slmserve", "minimal-streaming")
 
 
 def test_requests_reach_the_command_line_parsed() -> None:

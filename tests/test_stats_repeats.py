@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import polars as pl
 import pytest
 from scipy import stats as st
@@ -204,3 +205,44 @@ def test_between_groups_gives_no_test_without_two_groups_or_spread() -> None:
     assert (flat["statistic"], flat["p"], flat["groups"]) == (None, None, 2)
     with pytest.raises(ValueError, match="3 values against 2 group labels"):
         stats.between_groups([1.0, 2.0, 3.0], ["a", "b"])
+
+
+def _random_effects(groups: list[list[float]], tau2: float) -> tuple[float, float, float]:
+    """At ``tau2``: the random-effects mean, its Hartung-Knapp half-width (scale at least 1) and the
+    generalized Q (``k - 1`` at Paule-Mandel's ``tau2`` when that is above 0), from the formulas."""
+    m = np.array([np.mean(g) for g in groups])
+    ws = 1 / (np.array([np.var(g, ddof=1) / len(g) for g in groups]) + tau2)
+    mean = (ws * m).sum() / ws.sum()
+    q = (ws * (m - mean) ** 2).sum()
+    k = len(groups)
+    return mean, st.t.ppf(0.975, k - 1) * np.sqrt(max(1.0, q / (k - 1)) / ws.sum()), q
+
+
+def test_across_groups_is_paule_mandel_with_a_hartung_knapp_interval() -> None:
+    a, b, c = [0.97, 0.98, 0.975, 0.972], [1.01, 1.05, 0.99, 1.03, 1.02], [1.0, 1.04, 0.96]
+    got = stats.across_groups(a + b + c + [5.0], ["a"] * 4 + ["b"] * 5 + ["c"] * 3 + ["lone"])
+    mean, half, q = _random_effects([a, b, c], got["tau"] ** 2)
+    assert (got["n"], got["groups"]) == (12, 3)  # the group of one value tells no spread
+    assert got["tau"] > 0 and q == pytest.approx(2, rel=1e-4)  # Paule-Mandel's tau2 sets the generalized Q to k - 1
+    assert got["mean"] == pytest.approx(mean) and 0 < got["i2"] < 1
+    assert (got["ci_lo"], got["ci_hi"]) == (pytest.approx(mean - half), pytest.approx(mean + half))
+    # machines that differ widen it past the CI of every value as one sample
+    one = st.t.interval(0.95, 11, loc=np.mean(a + b + c), scale=st.sem(a + b + c))
+    assert got["ci_hi"] - got["ci_lo"] > one[1] - one[0]
+
+
+def test_across_groups_of_alike_groups_has_no_spread_between_them() -> None:
+    a, b = [1.0, 2.0, 3.0, 4.0], [1.1, 2.1, 2.9, 4.1]
+    got = stats.across_groups(a + b, [0] * 4 + [1] * 4)
+    mean, half, q = _random_effects([a, b], 0.0)
+    assert got["tau"] == 0.0 and got["i2"] == 0.0 and q < 1  # less spread than chance
+    assert got["mean"] == pytest.approx(mean)
+    assert got["ci_hi"] - got["ci_lo"] == pytest.approx(2 * half)
+
+
+def test_across_groups_gives_no_mean_without_two_groups_or_spread() -> None:
+    assert stats.across_groups([1.0, 2.0, 3.0], ["a"] * 3)["mean"] is None
+    flat = stats.across_groups([1.0, 1.0, 2.0, 3.0], ["a", "a", "b", "b"])
+    assert (flat["mean"], flat["ci_lo"], flat["groups"]) == (None, None, 2)
+    with pytest.raises(ValueError, match="3 values against 2 group labels"):
+        stats.across_groups([1.0, 2.0, 3.0], ["a", "b"])

@@ -190,6 +190,37 @@ def between_groups(values: Sequence[float], groups: Sequence[Any]) -> dict[str, 
     return {**out, "statistic": float(res.statistic), "p": float(res.pvalue)}
 
 
+def across_groups(values: Sequence[float], groups: Sequence[Any]) -> dict[str, Any]:
+    """The mean of groups' means when the groups (a pooled sample's machines) may differ: a random-effects
+    meta-analysis (statsmodels' ``combine_effects``). Each group ``i`` gives its mean ``m_i`` and that mean's
+    variance ``v_i = sd_i^2 / n_i``; ``tau2``, the variance of the groups' true means, is Paule-Mandel's: the
+    ``tau2 >= 0`` at which ``sum w* (m - mean)^2 = k - 1``, with ``w* = 1 / (v + tau2)`` and ``mean = sum w* m /
+    sum w*`` (0 where the means vary less than their own variances allow). The 95% CI is Hartung-Knapp-Sidik-
+    Jonkman's: t on ``k - 1`` degrees of freedom times ``sqrt(max(1, s) / sum w*)``, ``s = sum w* (m - mean)^2 /
+    (k - 1)``, never narrower than the plain random-effects interval. Unlike a CI of every value as one sample,
+    it widens with the spread between the groups' means, so a few machines that differ give a wide interval.
+    ``tau`` is ``sqrt(tau2)`` (the groups' SD in the values' unit), ``i2`` Higgins' I^2 (the share of the
+    means' spread beyond chance; 0 where it is less), ``q`` Cochran's Q. Groups of one value are
+    left out; fewer than two groups, or a group without spread, give ``mean`` None."""
+    if len(values) != len(groups):
+        raise ValueError(f"{len(values)} values against {len(groups)} group labels: each value needs its group")
+    kept = [np.asarray([float(values[i]) for i in idx]) for idx in _groups_of_two(groups).values()]
+    out = {"n": int(sum(map(len, kept))), "groups": len(kept), "mean": None, "ci_lo": None, "ci_hi": None,
+           "tau": None, "i2": None, "q": None, "method": "Paule-Mandel, Hartung-Knapp t CI"}  # fmt: skip
+    if len(kept) < 2 or any(math.isclose(vs.min(), vs.max(), rel_tol=1e-12) for vs in kept):
+        return out  # a group's mean without spread has no variance to weigh it by
+    from statsmodels.stats.meta_analysis import combine_effects  # only pools need it (not on GPU hosts)
+
+    means = np.asarray([vs.mean() for vs in kept])
+    var = np.asarray([vs.var(ddof=1) / len(vs) for vs in kept])
+    res = combine_effects(means, var, method_re="pm")
+    k = len(kept)
+    half = float(_st.t.ppf(0.975, k - 1) * res.sd_eff_w_re * math.sqrt(max(1.0, res.scale_hksj_re)))
+    mean = float(res.mean_effect_re)
+    return {**out, "mean": mean, "ci_lo": mean - half, "ci_hi": mean + half, "tau": math.sqrt(max(0.0, res.tau2)),
+            "i2": max(0.0, float(res.i2)), "q": float(res.q)}  # fmt: skip
+
+
 def summary_sample(row: Mapping[str, Any], metric: str = "throughput_rps") -> dict[str, Any]:
     """A summary row's ``metric`` as :func:`ratio_ci_of` takes it: ``n`` (the repeats with a value,
     ``<metric>_n``; ``n_repeats``, then 1, for rows written without it), ``mean`` and ``sd``."""
