@@ -244,8 +244,9 @@ def stream_usage(body: bytes) -> tuple[int | None, str | None]:
     for payload in payloads:
         last = last or payload  # the stream's last data line, for the error
         if b'"usage"' in payload:
-            usage = json.loads(payload).get("usage")
-            if usage:
+            chunk = json.loads(payload)
+            usage = chunk.get("usage") if isinstance(chunk, dict) else None
+            if isinstance(usage, dict) and usage:
                 return usage.get("completion_tokens"), None
     excerpt = "" if last is None else f" (last data: {last[:200].decode('utf-8', 'replace')})"
     return None, f"stream without usage before data: [DONE]{excerpt}"
@@ -773,10 +774,26 @@ def across_sources(
     :func:`slmserve.stats.across_groups` (``mean``, ``ci_lo``, ``ci_hi``, ``tau`` the SD of the machines'
     own ratios, ``i2``), judged at ``tolerance`` (``verdict``, ``equivalent``). Its CI is of the ratio on a
     machine drawn like these, so it widens when machines differ; the ``paired_*`` keys judge every pair as
-    one sample, which holds only where they do not. One source gives ``mean`` None (``inconclusive``)."""
+    one sample, which holds only where they do not (:func:`pool_reading` asks both). One source gives ``mean``
+    None (``inconclusive``)."""
     kept = _pair_ratios(rows, subject, reference, key)
     pooled = stats.across_groups([ratio for _, ratio in kept], [source for source, _ in kept])
     return {**pooled, **_judgement("", pooled, tolerance)}
+
+
+def pool_reading(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """A pool's verdict, fixed before its data: the claim that both of its readings make, the pairs as one
+    sample (``paired_verdict``, ``paired_equivalent``) and the machines as a random effect
+    (``across_sources``). ``pool_verdict`` is their verdict where they give the same one, else
+    ``inconclusive``; ``pool_equivalent`` whether both CIs lie within ``1 ± tolerance``. The first reading
+    holds only if the machines do not differ, which a test of a few machines cannot show; the second weighs
+    each machine by its own pairs' spread, which a few pairs estimate poorly. Both ``None`` for one source."""
+    across = batch["across_sources"]
+    if across["mean"] is None:
+        return {"pool_verdict": None, "pool_equivalent": None}
+    same = batch["paired_verdict"] == across["verdict"]
+    return {"pool_verdict": batch["paired_verdict"] if same else "inconclusive",
+            "pool_equivalent": bool(batch["paired_equivalent"] and across["equivalent"])}  # fmt: skip
 
 
 def _judgement(prefix: str, ci: Mapping[str, Any], tolerance: float) -> dict[str, Any]:
@@ -1074,8 +1091,9 @@ def summarize(
     how busy each client's process and the server's were meanwhile (:func:`cpu_side`), ``equal_server`` the
     paired throughput ratio had the server been as fast for both runs of a repeat (:func:`equal_server`),
     ``between_sources`` whether pooled folders' pairs differ in mean ratio (:func:`between_sources`),
-    ``across_sources`` the pooled ratio with machines as a random effect (:func:`across_sources`: the reading
-    of a pool whose folders differ, ``between_sources``' ``p`` below 0.05). A run
+    ``across_sources`` the pooled ratio with machines as a random effect (:func:`across_sources`), and a pool's
+    verdict, ``pool_verdict`` and ``pool_equivalent`` (:func:`pool_reading`: both readings must make the
+    claim; ``all_pool_equivalent``, None without a pool). A run
     with throughput ``None`` (nothing completed) is left out of the means; ``all_ok`` says whether every
     request of every run of the client completed."""
     batches: list[dict[str, Any]] = []
@@ -1141,6 +1159,8 @@ def summarize(
                 "across_sources": across_sources(at, subject, reference, key, tolerance),
             }
         )
+        batches[-1].update(pool_reading(batches[-1]))
+    pools = [b for b in batches if b["pool_verdict"] is not None]
     return {
         "subject": subject,
         "reference": reference,
@@ -1150,6 +1170,7 @@ def summarize(
         "all_agree": bool(batches) and all(b["verdict"] == "agree" for b in batches),
         "all_equivalent": bool(batches) and all(b["equivalent"] for b in batches),
         "all_paired_equivalent": bool(batches) and all(b["paired_equivalent"] for b in batches),
+        "all_pool_equivalent": all(b["pool_equivalent"] for b in pools) if pools else None,
     }
 
 

@@ -321,14 +321,16 @@ def _print_pool(b: dict[str, Any], tol: float) -> None:
         print(f"    between folders (Alexander-Govern test of the pairs' mean ratios, {apart['groups']} folders):"
               f" A {apart['statistic']:.2f}, p {apart['p']:.3f}; {each}", flush=True)  # fmt: skip
         if apart["p"] < 0.05:
-            print("    the folders differ (p < 0.05): the pairs are not one sample; read the pool across folders",
-                  flush=True)  # fmt: skip
+            print("    the folders differ (p < 0.05): the pairs are not one sample", flush=True)
     across = b.get("across_sources") or {}
     if across.get("mean") is not None:
         label = f"across folders, machines a random effect ({across['method']}, {across['groups']} folders)"
         print(_judged(label, across["mean"], across["ci_lo"], across["ci_hi"], across["verdict"],
                       across["equivalent"], tol) + f"; the machines' SD {across['tau']:.4f}, I2 {across['i2']:.0%}",
               flush=True)  # fmt: skip
+        inside = {True: "yes", False: "no", None: "no pool verdict"}[b.get("pool_equivalent")]
+        print(f"    the pool's verdict (what both readings say): {b.get('pool_verdict')}; CI within {tol:.0%}:"
+              f" {inside}", flush=True)  # fmt: skip
 
 
 CPU_LABELS = {

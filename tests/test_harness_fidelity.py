@@ -246,6 +246,9 @@ def test_stream_usage_reads_the_last_usage_before_done() -> None:
     tokens, error = fidelity.stream_usage(chunk * 4 + b'data: {"error":{"message":"boom"}}\n\n' + done)
     assert tokens is None
     assert error == 'stream without usage before data: [DONE] (last data: {"error":{"message":"boom"}})'
+    # a chunk naming usage that is no object, or whose usage is none: no count, and no exception out of the run
+    assert fidelity.stream_usage(b'data: ["usage"]\n\n' + done)[0] is None
+    assert fidelity.stream_usage(b'data: {"usage": 7}\n\n' + done)[0] is None
 
 
 @pytest.mark.parametrize(
@@ -1052,7 +1055,7 @@ def test_pool_tests_whether_its_machines_move_the_ratio(tmp_path: Path, capsys) 
     printed = capsys.readouterr().out
     line = f"between folders (Alexander-Govern test of the pairs' mean ratios, 2 folders): A {want.statistic:.2f}"
     assert f"{line}, p {want.pvalue:.3f}; m1 1.0000 (3), m2 1.0500 (3)" in printed
-    assert "the folders differ (p < 0.05): the pairs are not one sample; read the pool across folders" in printed
+    assert "the folders differ (p < 0.05): the pairs are not one sample" in printed
     # read across folders, the two machines' ratios are a random effect: wider than the pairs as one sample
     across = batch["across_sources"]
     want_across = stats.across_groups([0.99, 1.0, 1.01, 1.04, 1.05, 1.06], ["a"] * 3 + ["b"] * 3)
@@ -1060,9 +1063,33 @@ def test_pool_tests_whether_its_machines_move_the_ratio(tmp_path: Path, capsys) 
     assert across["ci_hi"] - across["ci_lo"] > batch["paired_ci_hi"] - batch["paired_ci_lo"]
     assert (across["verdict"], across["equivalent"]) == ("inconclusive", False)
     assert "across folders, machines a random effect (Paule-Mandel, Hartung-Knapp t CI, 2 folders) 1.0250" in printed
+    assert (batch["pool_verdict"], batch["pool_equivalent"]) == ("inconclusive", False)
+    assert "the pool's verdict (what both readings say): inconclusive; CI within 2%: no" in printed
     (alone,) = json.loads((a / "fidelity.json").read_text())["batches"]
     assert alone["between_sources"]["statistic"] is None and alone["between_sources"]["groups"] == 1
     assert alone["across_sources"]["mean"] is None and alone["across_sources"]["verdict"] == "inconclusive"
+    assert alone["pool_verdict"] is None
+    assert json.loads((a / "fidelity.json").read_text())["all_pool_equivalent"] is None
+
+
+def test_a_pool_claims_what_both_of_its_readings_claim(tmp_path: Path) -> None:
+    # three machines whose pairs read 0.995-1.005 of minimal: alike, each pair within 2%
+    folders = []
+    for name, ratios in (("p1", (0.995, 1.0, 1.005)), ("p2", (0.996, 1.001, 1.004)), ("p3", (0.997, 0.999, 1.003))):
+        rows = [r for i, x in enumerate(ratios)
+                for r in (_row(64, i, "minimal", 50.0), _row(64, i, "slmserve", 50 * x))]  # fmt: skip
+        folders.append(str(_measured(tmp_path / name, rows, f"h100-{name}", reference="minimal")))
+    out = tmp_path / "pooled"
+    assert harness_fidelity.main(["--out", str(out), "--pool", *folders]) == 0
+    doc = json.loads((out / "fidelity.json").read_text())
+    (batch,) = doc["batches"]
+    assert (batch["paired_verdict"], batch["across_sources"]["verdict"]) == ("agree", "agree")
+    assert (batch["pool_verdict"], batch["pool_equivalent"], doc["all_pool_equivalent"]) == ("agree", True, True)
+    # with two of the machines only, t on one degree of freedom leaves the random-effect reading wide
+    assert harness_fidelity.main(["--out", str(tmp_path / "two"), "--pool", *folders[:2]]) == 0
+    (two,) = json.loads((tmp_path / "two" / "fidelity.json").read_text())["batches"]
+    assert (two["paired_verdict"], two["across_sources"]["verdict"], two["pool_verdict"]) == (
+        "agree", "inconclusive", "inconclusive")  # fmt: skip
 
 
 def test_pool_judges_the_subject_its_folders_judged(tmp_path: Path) -> None:
@@ -1132,7 +1159,8 @@ def test_the_committed_h100_pools_are_what_their_folders_give(
     (got,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
     (want,) = json.loads((root / pooled / "fidelity.json").read_text())["batches"]
     keys = ("paired_n", "paired_ratio", "paired_ci_lo", "paired_ci_hi", "paired_verdict", "paired_equivalent",
-            "paired_n_needed", "paired_n_inside", "between_sources", "across_sources")  # fmt: skip
+            "paired_n_needed", "paired_n_inside", "between_sources", "across_sources", "pool_verdict",
+            "pool_equivalent")  # fmt: skip
 
     def named(batch: dict) -> dict:  # the sources as folder names: the committed pool named them relative
         apart = batch["between_sources"]
