@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -236,7 +236,7 @@ def stream_usage(body: bytes) -> tuple[int | None, str | None]:
     """``usage.completion_tokens`` of a streamed completion's whole body, from the last ``data:`` line carrying
     ``usage`` before the closing ``data: [DONE]``, or None and why there is none. Lines are read from the end,
     and only those naming ``usage`` are decoded (one, for vLLM's streams)."""
-    lines = (line.strip() for line in _lines_from_end(body))
+    lines = (line.strip() for line in reversed(body.splitlines()))
     payloads = (line[5:].strip() for line in lines if line.startswith(b"data:"))
     if next(payloads, None) != b"[DONE]":
         return None, "stream ended without data: [DONE]"
@@ -250,14 +250,6 @@ def stream_usage(body: bytes) -> tuple[int | None, str | None]:
                 return usage.get("completion_tokens"), None
     excerpt = "" if last is None else f" (last data: {last[:200].decode('utf-8', 'replace')})"
     return None, f"stream without usage before data: [DONE]{excerpt}"
-
-
-def _lines_from_end(body: bytes) -> Iterator[bytes]:
-    end = len(body)
-    while end >= 0:
-        start = body.rfind(b"\n", 0, end) + 1
-        yield body[start:end]
-        end = start - 1
 
 
 async def _post(
@@ -756,14 +748,21 @@ def _row_pairs(
     return [(v[subject], v[reference]) for _, v in sorted(by.items()) if len(v) == 2]
 
 
+def _ratios_by_source(
+    rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key: str
+) -> tuple[list[float], list[str]]:
+    """The pairs' ratios (:func:`_pair_ratios`) and, beside them, each one's ``source``."""
+    kept = _pair_ratios(rows, subject, reference, key)
+    return [ratio for _, ratio in kept], [source for source, _ in kept]
+
+
 def between_sources(rows: Sequence[Mapping[str, Any]], subject: str, reference: str, key: str) -> dict[str, Any]:
     """Whether the pooled folders' pairs differ in mean ratio ``subject / reference`` of ``key``: the pairs'
     ratios (:func:`_paired`) grouped by their ``source``, :func:`slmserve.stats.between_groups` (the
     Alexander-Govern test, ``statistic`` and ``p``, with each source's mean and count). Pooling treats the
     pairs of every folder as one sample; a small ``p`` says a machine moves the ratio, and the pooled interval
     then understates how far another machine's would fall. One source gives no ``statistic`` (None)."""
-    kept = _pair_ratios(rows, subject, reference, key)
-    return stats.between_groups([ratio for _, ratio in kept], [source for source, _ in kept])
+    return stats.between_groups(*_ratios_by_source(rows, subject, reference, key))
 
 
 def across_sources(
@@ -776,8 +775,7 @@ def across_sources(
     machine drawn like these, so it widens when machines differ; the ``paired_*`` keys judge every pair as
     one sample, which holds only where they do not (:func:`pool_reading` asks both). One source gives ``mean``
     None (``inconclusive``)."""
-    kept = _pair_ratios(rows, subject, reference, key)
-    pooled = stats.across_groups([ratio for _, ratio in kept], [source for source, _ in kept])
+    pooled = stats.across_groups(*_ratios_by_source(rows, subject, reference, key))
     return {**pooled, **_judgement("", pooled, tolerance)}
 
 

@@ -75,6 +75,11 @@ log = logging.getLogger("harness_fidelity")
 REFERENCES = (VLLM_BENCH, MINIMAL, MINIMAL_STREAM)  # --reference's choices, in the order of its default
 
 
+def first_reference(clients: list[str]) -> str | None:
+    """The first of :data:`REFERENCES` among ``clients`` (the default reference), or None."""
+    return next((c for c in REFERENCES if c in clients), None)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--out", type=Path, required=True, help="output folder")
@@ -140,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return args  # the folders hold the clients; --reference, if given, must be among each folder's runs
     if args.reference is not None and args.reference not in args.clients:
         ap.error(f"--reference {args.reference} is not among --clients {' '.join(args.clients)}: add it there")
-    args.reference = args.reference or next((c for c in REFERENCES if c in args.clients), VLLM_BENCH)
+    args.reference = args.reference or first_reference(args.clients) or VLLM_BENCH
     if args.input_len + args.output_len > args.max_model_len:
         ap.error("--input-len + --output-len exceeds --max-model-len")
     try:
@@ -408,7 +413,7 @@ def measure(args: argparse.Namespace, alloc: Allocation, prompts_all: list[list[
                     print(f"vllm bench serve: not usable offline because {exc}", flush=True)
                     clients.remove(VLLM_BENCH)
                     if reference == VLLM_BENCH:
-                        reference = next((c for c in REFERENCES if c in clients), None)
+                        reference = first_reference(clients)
                         if reference is None:
                             raise SystemExit("no reference client left: add minimal or minimal-stream to"
                                              " --clients") from exc  # fmt: skip

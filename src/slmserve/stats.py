@@ -130,6 +130,19 @@ def _groups_of_two(groups: Sequence[Any]) -> dict[Any, list[int]]:
     return {g: idx for g, idx in members.items() if len(idx) > 1}
 
 
+def _kept_groups(values: Sequence[float], groups: Sequence[Any]) -> dict[Any, np.ndarray]:
+    """Each group's values, for the groups of two values or more, in order of first appearance; the two
+    sequences must be as long as each other."""
+    if len(values) != len(groups):
+        raise ValueError(f"{len(values)} values against {len(groups)} group labels: each value needs its group")
+    return {g: np.asarray([float(values[i]) for i in idx]) for g, idx in _groups_of_two(groups).items()}
+
+
+def _any_flat(kept: Mapping[Any, np.ndarray]) -> bool:
+    """Whether a group has no spread beyond rounding (1e-12 of its size)."""
+    return any(math.isclose(vs.min(), vs.max(), rel_tol=1e-12) for vs in kept.values())
+
+
 def within_correlation(xs: Sequence[float], ys: Sequence[float], groups: Sequence[Any],
                        n_resamples: int = 9999) -> dict[str, Any]:  # fmt: skip
     """Pearson's ``r`` of paired values within groups (a machine's repeats): the ``r`` of each value's
@@ -178,13 +191,11 @@ def between_groups(values: Sequence[float], groups: Sequence[Any]) -> dict[str, 
     offsets smaller than each group's own CI. Groups of one value are left out; ``n`` and ``groups`` count
     what remains, ``means`` and ``counts`` are per group in order of first appearance. Fewer than two groups,
     or a group without spread (beyond 1e-12 of its size: rounding), give no ``statistic`` or ``p`` (None)."""
-    if len(values) != len(groups):
-        raise ValueError(f"{len(values)} values against {len(groups)} group labels: each value needs its group")
-    kept = {g: [float(values[i]) for i in idx] for g, idx in _groups_of_two(groups).items()}
+    kept = _kept_groups(values, groups)
     out = {"n": sum(map(len, kept.values())), "groups": len(kept), "statistic": None, "p": None,
-           "means": {str(g): float(np.mean(vs)) for g, vs in kept.items()},
+           "means": {str(g): float(vs.mean()) for g, vs in kept.items()},
            "counts": {str(g): len(vs) for g, vs in kept.items()}}  # fmt: skip
-    if len(kept) < 2 or any(math.isclose(min(vs), max(vs), rel_tol=1e-12) for vs in kept.values()):
+    if len(kept) < 2 or _any_flat(kept):
         return out  # the test weights each group by its spread: none within a group leaves it undefined
     res = _st.alexandergovern(*kept.values())
     return {**out, "statistic": float(res.statistic), "p": float(res.pvalue)}
@@ -202,17 +213,15 @@ def across_groups(values: Sequence[float], groups: Sequence[Any]) -> dict[str, A
     ``tau`` is ``sqrt(tau2)`` (the groups' SD in the values' unit), ``i2`` Higgins' I^2 (the share of the
     means' spread beyond chance; 0 where it is less), ``q`` Cochran's Q. Groups of one value are
     left out; fewer than two groups, or a group without spread, give ``mean`` None."""
-    if len(values) != len(groups):
-        raise ValueError(f"{len(values)} values against {len(groups)} group labels: each value needs its group")
-    kept = [np.asarray([float(values[i]) for i in idx]) for idx in _groups_of_two(groups).values()]
-    out = {"n": int(sum(map(len, kept))), "groups": len(kept), "mean": None, "ci_lo": None, "ci_hi": None,
-           "tau": None, "i2": None, "q": None, "method": "Paule-Mandel, Hartung-Knapp t CI"}  # fmt: skip
-    if len(kept) < 2 or any(math.isclose(vs.min(), vs.max(), rel_tol=1e-12) for vs in kept):
+    kept = _kept_groups(values, groups)
+    out = {"n": int(sum(map(len, kept.values()))), "groups": len(kept), "mean": None, "ci_lo": None,
+           "ci_hi": None, "tau": None, "i2": None, "q": None, "method": "Paule-Mandel, Hartung-Knapp t CI"}  # fmt: skip
+    if len(kept) < 2 or _any_flat(kept):
         return out  # a group's mean without spread has no variance to weigh it by
     from statsmodels.stats.meta_analysis import combine_effects  # only pools need it (not on GPU hosts)
 
-    means = np.asarray([vs.mean() for vs in kept])
-    var = np.asarray([vs.var(ddof=1) / len(vs) for vs in kept])
+    means = np.asarray([vs.mean() for vs in kept.values()])
+    var = np.asarray([vs.var(ddof=1) / len(vs) for vs in kept.values()])
     res = combine_effects(means, var, method_re="pm")
     k = len(kept)
     half = float(_st.t.ppf(0.975, k - 1) * res.sd_eff_w_re * math.sqrt(max(1.0, res.scale_hksj_re)))
