@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -1269,3 +1270,26 @@ def test_plan_interleaves_repeats_across_batches() -> None:
     assert fidelity.plan([1, 64], 2, interleave=False) == [(1, 0), (1, 1), (64, 0), (64, 1)]
     assert fidelity.plan([1, 64], 2, interleave=True) == [(1, 0), (64, 0), (1, 1), (64, 1)]
     assert fidelity.plan([], 3, interleave=True) == []
+
+
+def test_the_committed_minimal_stream_run_is_what_its_runs_give(tmp_path: Path) -> None:
+    """m97 (REPRODUCTION.md, Harness fidelity), judged again from its runs: the quoted ratios, and the API server's
+    cores and the client lag no different against ``minimal-stream``."""
+    folder = Path(__file__).resolve().parents[1] / "bench/results/h100-harness-fidelity/m97-opt125m-b64-512"
+    if not (folder / "fidelity.csv").exists():
+        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy)
+    assert harness_fidelity.main(["--out", str(copy), "--judge"]) == 0
+    got = {b["batch"]: b for b in json.loads((copy / "fidelity.json").read_text())["batches"]}
+    want = {b["batch"]: b for b in json.loads((folder / "fidelity.json").read_text())["batches"]}
+    quoted = {64: (15, 0.9984, 0.9541, 1.0427), 512: (15, 0.9689, 0.9016, 1.0361)}
+    for batch, (n, mean, lo, hi) in quoted.items():
+        b = got[batch]
+        assert b["paired_ratio"] == want[batch]["paired_ratio"]
+        assert (b["paired_n"], *(round(b[k], 4) for k in ("paired_ratio", "paired_ci_lo", "paired_ci_hi"))) == (
+            n, mean, lo, hi)  # fmt: skip
+        assert b["paired_verdict"] == "inconclusive" and b["reference"] == "minimal-stream"
+        for differs in (b["cpu_side"]["api_server_cpu_frac_vs"], b["client_side"]["lag_vs"]):
+            assert differs["minimal-stream"]["ci_lo"] < 0 < differs["minimal-stream"]["ci_hi"], differs
+        assert b["equal_server"]["minimal-stream"]["equivalent"] is True
