@@ -822,6 +822,40 @@ def host_link(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "host_steal_frac_max": max(steals, default=None)}  # fmt: skip
 
 
+def pair_link(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, Any]:
+    """What the pairs' throughput ratios follow, against every other client: within each pair (the two
+    clients' runs of one repeat), ``log(T_s / T_c)`` of ``throughput_rps`` against ``log(L_s / L_c)``, ``L``
+    the server's mean latency (``server``: ``server_measured_e2e_s``, the warm-up left out, where any pair has
+    it in both runs, else ``server_e2e_s``; ``latency_key`` names it), and against ``h_s - h_c``, the
+    difference of the runs' ``host_speed_ms`` (``host``). Each is Pearson's ``r`` within sources
+    (:func:`slmserve.stats.within_correlation`: a pool's machine offsets do not count), over the pairs that
+    have both values. With the load kept equal, an ``r`` near -1 on ``server`` says the pairs' spread is the
+    server running at another speed for the two runs; ``host`` says whether the host timing around a run
+    foretells that. No ``r`` where fewer than 4 pairs have the values."""
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(str(r["client"]) for r in rows if r["client"] != subject):
+        both = [(a, b) for a, b in _row_pairs(rows, subject, name, ("throughput_rps",))
+                if float(a["throughput_rps"]) > 0 and float(b["throughput_rps"]) > 0]  # fmt: skip
+        key = "server_measured_e2e_s"
+        if not any(a.get(key) and b.get(key) for a, b in both):
+            key = "server_e2e_s"
+        served = [(a, b) for a, b in both if a.get(key) and b.get(key)]
+        timed = [(a, b) for a, b in both if a.get("host_speed_ms") is not None and b.get("host_speed_ms") is not None]
+        out[name] = {
+            "latency_key": key,
+            "server": _pairs_follow(served, [math.log(float(a[key]) / float(b[key])) for a, b in served]),
+            "host": _pairs_follow(timed, [float(a["host_speed_ms"]) - float(b["host_speed_ms"]) for a, b in timed]),
+        }
+    return out
+
+
+def _pairs_follow(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], xs: Sequence[float]) -> dict[str, Any]:
+    """:func:`slmserve.stats.within_correlation` of ``xs`` (one per pair) with the pairs' log throughput ratio,
+    within each pair's ``source``."""
+    logs = [math.log(float(a["throughput_rps"]) / float(b["throughput_rps"])) for a, b in pairs]
+    return stats.within_correlation(xs, logs, [str(a.get("source") or "") for a, _ in pairs])
+
+
 E2E = "vllm:e2e_request_latency_seconds"
 
 
@@ -1083,7 +1117,8 @@ def summarize(
     (:func:`slmserve.stats.repeats_inside`; ``None`` where the mean is at or past a bound);
     ``paired_vs`` holds the same pairing against every other client at the batch (``ratio``, ``n``, ``ci_lo``,
     ``ci_hi``, ``sd``, ``verdict``, ``equivalent``), on its window where it has one. ``host_link`` asks whether
-    the runs' spread follows the host (:func:`host_link`), ``server_side`` whether it is the server's speed
+    the runs' spread follows the host (:func:`host_link`), ``pair_link`` what the pairs' ratios follow, the
+    server's latency or the host (:func:`pair_link`), ``server_side`` whether it is the server's speed
     (:func:`server_side`), ``load_side`` whether the clients kept the same load (:func:`load_side`),
     ``client_side`` how much of their requests' time was the client's own (:func:`client_side`), ``cpu_side``
     how busy each client's process and the server's were meanwhile (:func:`cpu_side`), ``equal_server`` the
@@ -1148,6 +1183,7 @@ def summarize(
                 "window_ratios": window_ratios,
                 "paired_vs": paired_vs,
                 "host_link": host_link(at),
+                "pair_link": pair_link(at, subject),
                 "server_side": server_side(at, subject),
                 "load_side": load_side(at, subject),
                 "client_side": client_side(at, subject),

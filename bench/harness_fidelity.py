@@ -316,6 +316,16 @@ def print_summary(summary: dict[str, Any]) -> None:
             print(f"    host {link['host_speed_ms_min']:.2f}-{link['host_speed_ms_max']:.2f} ms, steal up to {steal};"
                   f" r(host speed, throughput) within clients {_fmt(link['r'])} [{_fmt(link['ci_lo'])},"
                   f" {_fmt(link['ci_hi'])}], n={link['n']}", flush=True)  # fmt: skip
+        for name, pair in (b.get("pair_link") or {}).items():
+            print(f"    within pairs /{name}: r(log ratio, log server-latency ratio) {_r(pair['server'])};"
+                  f" r(log ratio, host-speed difference) {_r(pair['host'])}", flush=True)  # fmt: skip
+
+
+def _r(link: dict[str, Any]) -> str:
+    """A correlation as ``r [lo, hi], n=N`` (``-`` without one)."""
+    if link.get("r") is None:
+        return f"-, n={link['n']}"
+    return f"{link['r']:+.3f} [{link['ci_lo']:+.3f}, {link['ci_hi']:+.3f}], n={link['n']}"
 
 
 def _print_pool(b: dict[str, Any], tol: float) -> None:

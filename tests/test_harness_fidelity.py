@@ -827,6 +827,51 @@ def test_host_link_correlates_within_each_client() -> None:
     assert old["batches"][0]["host_link"]["host_speed_ms_min"] is None
 
 
+def test_pair_link_says_what_the_pairs_ratios_follow() -> None:
+    # within each pair the server is faster for one run by a factor f, and that run's throughput is f higher;
+    # the host times the two runs alike, so the host-speed difference tells nothing
+    factors = [0.90, 1.05, 0.97, 1.10, 1.00, 0.94]
+    rows = []
+    for i, f in enumerate(factors):
+        host = 0.5 + 0.1 * (i % 3)
+        ours = {**_row(512, i, "slmserve", 200.0 * f), "server_measured_e2e_s": 2.0 / f, "server_e2e_s": 2.0,
+                "host_speed_ms": host + (0.01, -0.01, 0.01, 0.01, -0.01, -0.01)[i]}  # fmt: skip
+        ref = {**_row(512, i, "minimal", 200.0), "server_measured_e2e_s": 2.0, "server_e2e_s": 2.0,
+               "host_speed_ms": host}  # fmt: skip
+        rows += [ours, ref]
+    (b,) = fidelity.summarize(rows, reference="minimal")["batches"]
+    link = b["pair_link"]["minimal"]
+    assert link["latency_key"] == "server_measured_e2e_s"
+    assert link["server"]["r"] == pytest.approx(-1.0) and link["server"]["n"] == 6
+    assert abs(link["host"]["r"]) < 0.5 and link["host"]["n"] == 6
+    # a pair without the measured latency is left out of that link, not of the host's
+    rows[0] = {**rows[0], "server_measured_e2e_s": None}
+    (b,) = fidelity.summarize(rows, reference="minimal")["batches"]
+    assert (b["pair_link"]["minimal"]["server"]["n"], b["pair_link"]["minimal"]["host"]["n"]) == (5, 6)
+    # folders from before the measured latency fall back to the whole run's; before host timing, no host r
+    old = [{k: v for k, v in r.items() if k not in ("server_measured_e2e_s", "host_speed_ms")} for r in rows]
+    old = [{**r, "server_e2e_s": r["server_e2e_s"] * (200.0 / r["throughput_rps"])} for r in old]
+    link = fidelity.summarize(old, reference="minimal")["batches"][0]["pair_link"]["minimal"]
+    assert link["latency_key"] == "server_e2e_s" and link["server"]["r"] == pytest.approx(-1.0)
+    assert (link["host"]["r"], link["host"]["n"]) == (None, 0)
+    # pooled, each machine's offset does not count: two sources whose ratios differ by a constant
+    pooled = [{**r, "source": "a"} for r in rows[2:]] + [
+        {**r, "source": "b", "throughput_rps": r["throughput_rps"] * (1.2 if r["client"] == "slmserve" else 1.0)}
+        for r in rows[2:]
+    ]
+    link = fidelity.summarize(pooled, reference="minimal")["batches"][0]["pair_link"]["minimal"]
+    assert link["server"]["groups"] == 2 and link["server"]["r"] == pytest.approx(-1.0)
+
+
+def test_the_pair_link_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{**_row(64, i, c, 100.0 + (i if c == "slmserve" else 0)), "server_e2e_s": 1.0 - (0.001 * i if c ==
+             "slmserve" else 0), "host_speed_ms": 0.5} for i in range(5) for c in ("slmserve", "minimal")]  # fmt: skip
+    harness_fidelity.print_summary(fidelity.summarize(rows, reference="minimal"))
+    line = next(x for x in capsys.readouterr().out.splitlines() if "within pairs" in x)
+    assert re.search(r"within pairs /minimal: r\(log ratio, log server-latency ratio\) -[01]\.\d{3} \[", line)
+    assert line.endswith("r(log ratio, host-speed difference) -, n=5")
+
+
 def test_server_latency_reads_vllms_histogram_around_a_run() -> None:
     e2e = fidelity.E2E
     before = {f"{e2e}_count": 10.0, f"{e2e}_sum": 4.0, "vllm:num_requests_running": 0.0}
@@ -1161,7 +1206,7 @@ def test_the_committed_h100_pools_are_what_their_folders_give(
     (want,) = json.loads((root / pooled / "fidelity.json").read_text())["batches"]
     keys = ("paired_n", "paired_ratio", "paired_ci_lo", "paired_ci_hi", "paired_verdict", "paired_equivalent",
             "paired_n_needed", "paired_n_inside", "between_sources", "across_sources", "pool_verdict",
-            "pool_equivalent")  # fmt: skip
+            "pool_equivalent", "pair_link")  # fmt: skip
 
     def named(batch: dict) -> dict:  # the sources as folder names: the committed pool named them relative
         apart = batch["between_sources"]
@@ -1293,3 +1338,8 @@ def test_the_committed_minimal_stream_run_is_what_its_runs_give(tmp_path: Path) 
         for differs in (b["cpu_side"]["api_server_cpu_frac_vs"], b["client_side"]["lag_vs"]):
             assert differs["minimal-stream"]["ci_lo"] < 0 < differs["minimal-stream"]["ci_hi"], differs
         assert b["equal_server"]["minimal-stream"]["equivalent"] is True
+        assert b["pair_link"] == want[batch]["pair_link"]
+    # within a pair the ratio follows the server's latency, and the host timing does not foretell it
+    follows = {b: (round(got[b]["pair_link"]["minimal-stream"]["server"]["r"], 3),
+                   round(got[b]["pair_link"]["minimal-stream"]["host"]["r"], 2)) for b in quoted}  # fmt: skip
+    assert follows == {64: (-0.997, 0.41), 512: (-0.991, -0.39)}
