@@ -829,9 +829,12 @@ def pair_link(rows: Sequence[Mapping[str, Any]], subject: str) -> dict[str, Any]
     it in both runs, else ``server_e2e_s``; ``latency_key`` names it), and against ``h_s - h_c``, the
     difference of the runs' ``host_speed_ms`` (``host``). Each is Pearson's ``r`` within sources
     (:func:`slmserve.stats.within_correlation`: a pool's machine offsets do not count), over the pairs that
-    have both values. With the load kept equal, an ``r`` near -1 on ``server`` says the pairs' spread is the
-    server running at another speed for the two runs; ``host`` says whether the host timing around a run
-    foretells that. No ``r`` where fewer than 4 pairs have the values."""
+    have both values (a latency of 0 counts as none; the latency key is chosen once for all pairs). An ``r``
+    near -1 on ``server`` places the pairs' spread in the server's latency; with the load kept equal Little's
+    law makes it so whatever slowed the server, so it does not tell an outside slowdown from one the client's
+    own requests caused. ``host`` asks whether the host's timing around the runs goes with the ratio (a slower
+    host for the subject gives a negative ``r``). No ``r`` with fewer than ``k + 4`` pairs (``k`` sources of two
+    pairs or more), or where either value is constant within every source."""
     out: dict[str, Any] = {}
     for name in dict.fromkeys(str(r["client"]) for r in rows if r["client"] != subject):
         both = [(a, b) for a, b in _row_pairs(rows, subject, name, ("throughput_rps",))
