@@ -199,12 +199,15 @@ def test_between_groups_is_the_alexander_govern_test_of_the_groups() -> None:
     assert moved["p"] == pytest.approx(shifted["p"]) and 0.0 < moved["p"] < 1.0
 
 
-def test_between_groups_gives_no_test_without_two_groups_or_spread() -> None:
-    assert stats.between_groups([1.0, 2.0, 3.0], ["a"] * 3)["statistic"] is None
-    flat = stats.between_groups([1.0, 1.0, 2.0, 3.0], ["a", "a", "b", "b"])
-    assert (flat["statistic"], flat["p"], flat["groups"]) == (None, None, 2)
+@pytest.mark.parametrize(("group_stat", "keys"), [(stats.between_groups, ("statistic", "p")),
+                                                   (stats.across_groups, ("mean", "ci_lo"))])  # fmt: skip
+def test_group_statistics_give_none_without_two_groups_or_spread(group_stat, keys: tuple[str, str]) -> None:
+    """between_groups and across_groups keep the same groups (``stats._kept_groups``) and give nothing alike."""
+    assert group_stat([1.0, 2.0, 3.0], ["a"] * 3)[keys[0]] is None
+    flat = group_stat([1.0, 1.0, 2.0, 3.0], ["a", "a", "b", "b"])
+    assert (flat[keys[0]], flat[keys[1]], flat["groups"]) == (None, None, 2)
     with pytest.raises(ValueError, match="3 values against 2 group labels"):
-        stats.between_groups([1.0, 2.0, 3.0], ["a", "b"])
+        group_stat([1.0, 2.0, 3.0], ["a", "b"])
 
 
 def _random_effects(groups: list[list[float]], tau2: float) -> tuple[float, float, float]:
@@ -238,11 +241,3 @@ def test_across_groups_of_alike_groups_has_no_spread_between_them() -> None:
     assert got["tau"] == 0.0 and got["i2"] == 0.0 and q < 1  # less spread than chance
     assert got["mean"] == pytest.approx(mean)
     assert got["ci_hi"] - got["ci_lo"] == pytest.approx(2 * half)
-
-
-def test_across_groups_gives_no_mean_without_two_groups_or_spread() -> None:
-    assert stats.across_groups([1.0, 2.0, 3.0], ["a"] * 3)["mean"] is None
-    flat = stats.across_groups([1.0, 1.0, 2.0, 3.0], ["a", "a", "b", "b"])
-    assert (flat["mean"], flat["ci_lo"], flat["groups"]) == (None, None, 2)
-    with pytest.raises(ValueError, match="3 values against 2 group labels"):
-        stats.across_groups([1.0, 2.0, 3.0], ["a", "b"])

@@ -224,7 +224,7 @@ def across_groups(values: Sequence[float], groups: Sequence[Any]) -> dict[str, A
     var = np.asarray([vs.var(ddof=1) / len(vs) for vs in kept.values()])
     res = combine_effects(means, var, method_re="pm")
     k = len(kept)
-    half = float(_st.t.ppf(0.975, k - 1) * res.sd_eff_w_re * math.sqrt(max(1.0, res.scale_hksj_re)))
+    half = float(_st.t.ppf(0.5 + LEVEL / 2, k - 1) * res.sd_eff_w_re * math.sqrt(max(1.0, res.scale_hksj_re)))
     mean = float(res.mean_effect_re)
     return {**out, "mean": mean, "ci_lo": mean - half, "ci_hi": mean + half, "tau": math.sqrt(max(0.0, res.tau2)),
             "i2": max(0.0, float(res.i2)), "q": float(res.q)}  # fmt: skip
