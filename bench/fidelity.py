@@ -310,10 +310,12 @@ async def minimal_client(
     warmup: int = 0,
     timeout_s: float = 3600.0,
     stream: bool = False,
+    on_measure: Callable[[], object] | None = None,
 ) -> RunResult:
     """Send every prompt at once, at most ``concurrency`` in flight, after ``warmup`` requests (the first
-    prompts, cyclically) that are not measured. Throughput = completed / (last end - first send) of the
-    completed requests (all of them when none failed).
+    prompts, cyclically) that are not measured, and ``on_measure`` in a thread between the two, as the load
+    generator does. Throughput = completed / (last end - first send) of the completed requests (all of them
+    when none failed).
     With ``stream`` (client ``minimal-stream``): the load generator's streaming body; a request ends when its
     stream does, its tokens the usage of the last chunk before ``[DONE]`` (:func:`stream_usage`)."""
     if concurrency < 1:
@@ -325,6 +327,8 @@ async def minimal_client(
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         if warm:
             await _send_all(session, url, warm, output_len, concurrency, stream)
+        if on_measure is not None:
+            await asyncio.to_thread(on_measure)
         sent, peak = await _send_all(session, url, bodies, output_len, concurrency, stream)
     ok = [s for s in sent if s.error is None]
     errors = [s.error for s in sent if s.error is not None]
@@ -377,10 +381,12 @@ def slmserve_spec(
     )
 
 
-async def slmserve_client(spec: LoadSpec, client: str = SUBJECT) -> RunResult:
-    """Run the load generator; throughput and window as :func:`slmserve.analysis.request_metrics`; the
-    result's client is ``client``."""
-    result = await run_load_async(spec)
+async def slmserve_client(
+    spec: LoadSpec, client: str = SUBJECT, on_measure: Callable[[], object] | None = None
+) -> RunResult:
+    """Run the load generator (``on_measure`` as :func:`slmserve.loadgen.run_load_async`); throughput and
+    window as :func:`slmserve.analysis.request_metrics`; the result's client is ``client``."""
+    result = await run_load_async(spec, on_measure)
     frame = to_frame(result)
     m = analysis.request_metrics(frame)
     full = pl.col("completion_tokens") == spec.output_len
@@ -889,9 +895,11 @@ def measured_latency(
     """:func:`server_latency` of the measured requests alone: from the first read polled during the run
     (``reads``, in order) at which the server had finished exactly the ``warmup`` requests since ``before``, to
     ``after``. Every client ends its whole warm-up before it sends a measured request, and a measured request
-    takes at least one full generation, so a read lands in that gap when it is longer than the poll interval
-    (on the CPU engine at b=8: all 6 runs, ``bench/results/cpu-measured-latency-check/``). ``(None, None)``
-    where no read landed in it (a short run), a read failed, or nothing finished after it."""
+    takes at least one full generation: our clients take a read in that gap (``on_measure``,
+    :meth:`slmserve.enginemetrics.GaugePoller.read_now`); for ``vllm bench serve`` a poll lands in it when it is
+    longer than the poll interval (on the CPU engine at b=8: all 6 runs,
+    ``bench/results/cpu-measured-latency-check/``). ``(None, None)`` where no read landed in it, a read failed,
+    or nothing finished after it."""
     if warmup == 0:
         return server_latency(before, after)
     split = _split(before, reads, warmup)

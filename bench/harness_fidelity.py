@@ -177,8 +177,11 @@ def run_client(
     tag: str,
     worker: fidelity.BenchWorker | None = None,
     probe: fidelity.CpuProbe | None = None,
+    on_measure: Callable[[], object] | None = None,
 ) -> RunResult:
-    """One run of ``client``; ``probe`` (read by the run's polls) is pointed at the process the client runs in."""
+    """One run of ``client``; ``probe`` (read by the run's polls) is pointed at the process the client runs in;
+    our clients call ``on_measure`` between their warm-up and their measured requests (``vllm bench serve``,
+    a process of its own, cannot)."""
     warmup = runner.warmup_for(args.warmup_requests, batch, len(prompts))
     on_start = functools.partial(setattr, probe, "client") if probe is not None else None
     if on_start is not None:
@@ -188,11 +191,11 @@ def run_client(
             srv.base_url, args.served_name, prompts, args.output_len, batch,
             warmup_requests=args.warmup_requests, stream=not args.no_stream, client_cap=client == SUBJECT,
         )  # fmt: skip
-        result = asyncio.run(fidelity.guarded(fidelity.slmserve_client(spec, client=client), srv.alive))
+        result = asyncio.run(fidelity.guarded(fidelity.slmserve_client(spec, client, on_measure), srv.alive))
     elif client in (MINIMAL, MINIMAL_STREAM):
         coro = fidelity.minimal_client(
             srv.base_url, args.served_name, prompts, args.output_len, batch, warmup=warmup,
-            timeout_s=args.run_timeout_s, stream=client == MINIMAL_STREAM,
+            timeout_s=args.run_timeout_s, stream=client == MINIMAL_STREAM, on_measure=on_measure,
         )  # fmt: skip
         result = asyncio.run(fidelity.guarded(coro, srv.alive))
     else:
@@ -207,16 +210,21 @@ def run_client(
 
 
 def measured_run(
-    base_url: str, warmup: int, poll_s: float, run: Callable[[], RunResult], probe: fidelity.CpuProbe | None = None
+    base_url: str,
+    warmup: int,
+    poll_s: float,
+    run: Callable[[Callable[[], object] | None], RunResult],
+    probe: fidelity.CpuProbe | None = None,
 ) -> RunResult:
-    """``run()`` (a :func:`run_client`) with what is read around it: the host's speed and steal, and the
-    server's latency over the run and over its measured requests alone, after ``warmup`` requests
-    (:func:`fidelity.measured_latency`, polled every ``poll_s``), and with ``probe`` the cores the client's and
-    the server's processes used meanwhile (:func:`fidelity.measured_cpu`)."""
+    """``run(on_measure)`` (a :func:`run_client`) with what is read around it: the host's speed and steal, and
+    the server's latency over the run and over its measured requests alone, after ``warmup`` requests
+    (:func:`fidelity.measured_latency`, from the polls every ``poll_s`` and the read ``on_measure`` takes at the
+    warm-up's end, which a poll misses where a request takes under ``poll_s``), and with ``probe`` the cores the
+    client's and the server's processes used meanwhile (:func:`fidelity.measured_cpu`)."""
     speed, cpu = provenance.time_host_ms(), telemetry.host_cpu_times()
     before = enginemetrics.parse(enginemetrics.fetch(base_url))
     with polling(base_url, poll_s, probe) as poller:
-        res = run()
+        res = run(None if poller is None else poller.read_now)
     after = enginemetrics.parse(enginemetrics.fetch(base_url))
     res.server_requests, res.server_e2e_s = fidelity.server_latency(before, after)
     if poller is not None:

@@ -24,6 +24,7 @@ import polars as pl
 import pytest
 from aiohttp import web
 
+from slmserve import enginemetrics
 from slmserve.enginemetrics import RUNNING
 from slmserve.loadgen import (
     FRAME_SCHEMA,
@@ -345,6 +346,23 @@ def test_on_measure_runs_between_the_warmup_and_the_measured_requests(
     seen: list[int] = []
     res = run_load(_spec(srv.base_url, 5, warmup=3, output_len=4), on_measure=lambda: seen.append(srv.n_requests))
     assert seen == [3] and srv.n_requests == 8 and res.n_ok == 5
+
+
+def test_a_poller_reads_at_once_when_asked_and_in_turn_otherwise(
+    standin: type[StandInCompletionsServer],
+) -> None:
+    """``read_now`` gets a read that begins after the call, long before the next poll is due; the exit stops
+    the thread without waiting out the interval."""
+    srv = standin()
+    poller = enginemetrics.GaugePoller(srv.base_url, interval_s=60.0, keep=(RUNNING,))
+    with poller:
+        while not poller.kept:  # the thread's first read, as it starts
+            time.sleep(0.01)
+        asked = time.monotonic()
+        assert poller.read_now() is True
+        # within read_now's 6 s, so out of turn: the next poll was due 60 s after the first
+        assert len(poller.kept) == 2 and poller.kept[1][0] >= asked and RUNNING in poller.kept[1][1]
+    assert not poller._thread.is_alive() and len(poller.samples) == 2
 
 
 def test_the_counters_of_a_repeat_leave_out_its_warmup(standin: type[StandInCompletionsServer]) -> None:

@@ -79,7 +79,8 @@ def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
 class GaugePoller:
     """Poll the running and waiting gauges of one server every ``interval_s`` (>= 1 s) in a thread; with
     ``keep``, also those samples of every read (:attr:`kept`, ``(t_mono, {name: value})``, a failed read's
-    empty), and with ``extra`` what it returns at that moment, merged into the read's values."""
+    empty), and with ``extra`` what it returns at that moment, merged into the read's values.
+    :meth:`read_now` takes one read out of turn (at a run's warm-up end: a moment the 1 s polls may miss)."""
 
     def __init__(
         self,
@@ -94,26 +95,46 @@ class GaugePoller:
         self.keep = keep
         self.extra = extra
         self.kept: list[tuple[float, dict[str, float]]] = []
-        self._stop = threading.Event()
+        self._stopping = False
+        self._wake = threading.Event()  # set by read_now and by the exit
+        self._reads = threading.Condition()
+        self._started = self._finished = 0  # reads begun and ended, for read_now
         self._thread = threading.Thread(target=self._run, name="slmserve-gauges", daemon=True)
 
     def _run(self) -> None:
         while True:
+            with self._reads:
+                self._started += 1
+                number = self._started
             values = parse(fetch(self.base_url, timeout=5.0))  # a busy API server may answer late
             now = time.monotonic()
             self.samples.append((now, values.get(RUNNING), values.get(WAITING)))
             if self.keep or self.extra:
                 kept = {k: values[k] for k in self.keep if k in values}
                 self.kept.append((now, {**kept, **(self.extra() if self.extra else {})}))
-            if self._stop.wait(self.interval_s):
+            with self._reads:
+                self._finished = number
+                self._reads.notify_all()
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stopping:
                 return
+
+    def read_now(self, timeout_s: float = 6.0) -> bool:
+        """Have the polling thread take a read that begins after this call, and wait until it is kept (at most
+        ``timeout_s``: a read's own timeout is 5 s); True if it was. The next poll comes ``interval_s`` later."""
+        with self._reads:
+            wanted = self._started + 1  # a read under way may have begun before the moment asked for
+            self._wake.set()
+            return self._reads.wait_for(lambda: self._finished >= wanted, timeout_s)
 
     def __enter__(self) -> GaugePoller:
         self._thread.start()
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
+        self._stopping = True
+        self._wake.set()
         self._thread.join()
 
 
