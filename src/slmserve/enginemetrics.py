@@ -120,9 +120,10 @@ class GaugePoller:
             if self._stopping:
                 return
 
-    def read_now(self, timeout_s: float = 6.0) -> bool:
+    def read_now(self, timeout_s: float = 15.0) -> bool:
         """Have the polling thread take a read that begins after this call, and wait until it is kept (at most
-        ``timeout_s``: a read's own timeout is 5 s); True if it was. The next poll comes ``interval_s`` later."""
+        ``timeout_s``: a read under way, then this one, each with a 5 s timeout per socket operation); True if
+        it was. The next poll comes ``interval_s`` later."""
         with self._reads:
             wanted = self._started + 1  # a read under way may have begun before the moment asked for
             self._wake.set()
