@@ -3,7 +3,7 @@
     python bench/harness_fidelity.py --out DIR [--prompts results/quick/data/prompts-in512-n500.parquet]
         [--batch-sizes 1 64 512] [--repeats 3] [--requests N | B=N ...] [--interleave]
         [--clients slmserve vllm-bench minimal [minimal-stream] [server-cap]]   (server-cap: one --batch-sizes value)
-        [--reference vllm-bench | minimal | minimal-stream]
+        [--reference vllm-bench | minimal | minimal-stream] [--max-host-ms 0.8]
     python bench/harness_fidelity.py --out DIR --judge          (judge DIR's runs again)
     python bench/harness_fidelity.py --out DIR --pool DIR1 DIR2 (judge several machines' runs as one sample)
 
@@ -131,7 +131,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cpu-kv-cache-gb", type=float, default=2.0)
     ap.add_argument("--startup-timeout-s", type=float, default=900.0)
     ap.add_argument("--run-timeout-s", type=float, default=1800.0)
+    ap.add_argument("--max-host-ms", type=float, default=None,
+                    help="measure nothing (exit 3) if the host times slower than this before the server starts"
+                         " (provenance.host_speed_ms, the run's recorded host speed): a host slow at the start"
+                         " swung throughout on the H100s so far; default: no screen")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.max_host_ms is not None and args.max_host_ms <= 0:
+        ap.error(f"--max-host-ms {args.max_host_ms}: give a positive number of ms (0.8 on the H100s so far)")
     if args.judge and args.pool:
         ap.error("--judge and --pool: give one (--judge rewrites OUT, --pool writes OUT from other folders)")
     if SUBJECT not in args.clients or len(args.clients) < 2:
@@ -524,6 +530,9 @@ def pool(out: Path, folders: list[Path], tolerance: float, reference: str | None
     return 0
 
 
+HOST_TOO_SLOW = 3  # main's exit status where --max-host-ms turned the host away
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -531,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
         return judge(args.out, args.tolerance)
     if args.pool:
         return pool(args.out, args.pool, args.tolerance, args.reference)
+    if args.max_host_ms is not None and (ms := provenance.host_speed_ms()) > args.max_host_ms:
+        print(f"host timed {ms:.2f} ms, slower than --max-host-ms {args.max_host_ms}: nothing measured; give this"
+              " machine back and start another (bench/GPU_SESSION.md)", flush=True)  # fmt: skip
+        return HOST_TOO_SLOW
     install_signal_handlers()
     prompts_all = fidelity.load_prompts(args.prompts, args.input_len)
     largest = max(args.requests.values()) if isinstance(args.requests, dict) else args.requests or 0
