@@ -1440,19 +1440,27 @@ def test_the_committed_minimal_stream_runs_are_what_their_runs_give(
     assert all(x["host"]["ci_lo"] < 0 < x["host"]["ci_hi"] for x in link.values())
 
 
+def _one_batch_quoted(tmp_path: Path, name: str, batch: int, quoted: tuple, sd_counts: tuple) -> tuple[dict, dict]:
+    """Committed one-batch folder ``name`` judged again, and as committed: its paired ratio unchanged and as
+    ``quoted`` (n, mean, CI ends), its verdict and `equivalent` reading those of the quoted CI, and its pairs' SD,
+    pairs for +-2% and pairs for inside 0.98-1.02 as ``sd_counts``."""
+    got, want = _judged_again(tmp_path, name)
+    assert sorted(got) == [batch]
+    b = got[batch]
+    assert b["paired_ratio"] == want[batch]["paired_ratio"]
+    assert (b["paired_n"], *(round(b[k], 4) for k in ("paired_ratio", "paired_ci_lo", "paired_ci_hi"))) == quoted
+    assert b["paired_verdict"] == stats.verdict(quoted[2], quoted[3], 0.02)
+    assert b["paired_equivalent"] is stats.equivalent(quoted[2], quoted[3], 0.02)
+    assert (round(b["paired_sd"], 3), b["paired_n_needed"], b["paired_n_inside"]) == sd_counts
+    return b, want[batch]
+
+
 def test_m100_b512_is_inside_0_98_to_1_02_with_its_small_differences(tmp_path: Path) -> None:
     """m100 (REPRODUCTION.md, Harness fidelity), judged again from its 80 pairs: b=512 `agree`s with its CI inside
     0.98-1.02, while the differences 80 pairs resolve (load kept, the client's and the API server's cores) stay
     well under 2%, and the within-pair host link is the weak one the text quotes."""
-    got, want = _judged_again(tmp_path, "m100-opt125m-b512")
-    assert sorted(got) == [512]
-    b = got[512]
-    assert b["paired_ratio"] == want[512]["paired_ratio"]
-    quoted = (80, 0.9985, 0.9920, 1.0049)
-    assert (b["paired_n"], *(round(b[k], 4) for k in ("paired_ratio", "paired_ci_lo", "paired_ci_hi"))) == quoted
-    assert b["paired_verdict"] == stats.verdict(quoted[2], quoted[3], 0.02) == "agree"
-    assert b["paired_equivalent"] is stats.equivalent(quoted[2], quoted[3], 0.02) is True
-    assert (round(b["paired_sd"], 3), b["paired_n_needed"], b["paired_n_inside"]) == (0.029, 11, 12)
+    b, want = _one_batch_quoted(tmp_path, "m100-opt125m-b512", 512, (80, 0.9985, 0.9920, 1.0049), (0.029, 11, 12))
+    assert (b["paired_verdict"], b["paired_equivalent"]) == ("agree", True)
     load = b["load_side"]["inflight_vs"]["minimal-stream"]
     assert (round(load["mean"], 4), round(load["ci_lo"], 4), round(load["ci_hi"], 4)) == (0.9979, 0.9967, 0.9991)
     equal = b["equal_server"]["minimal-stream"]
@@ -1463,7 +1471,7 @@ def test_m100_b512_is_inside_0_98_to_1_02_with_its_small_differences(tmp_path: P
     lag = b["client_side"]["lag_vs"]["minimal-stream"]
     assert lag["ci_lo"] < 0 < lag["ci_hi"]
     link = b["pair_link"]["minimal-stream"]
-    assert b["pair_link"] == want[512]["pair_link"]
+    assert b["pair_link"] == want["pair_link"]
     assert (round(link["server"]["r"], 3), round(link["host"]["r"], 3)) == (-0.981, -0.249)
     assert link["host"]["ci_hi"] < 0  # weak, and excluding 0
     # that link is three pairs in which ours ran on a slow host timing; without them none is detected
@@ -1479,15 +1487,8 @@ def test_m101_b64_is_inconclusive_on_a_host_slow_from_the_start(tmp_path: Path) 
     """m101 (REPRODUCTION.md, Harness fidelity), judged again from its 29 pairs: b=64 is `inconclusive` with the pairs'
     SD at 11.4%, on a host that timed 1.01 ms at the run's start and above 0.8 ms in 37 of 58 runs, while at equal
     server speed the clients agree inside 0.98-1.02."""
-    got, want = _judged_again(tmp_path, "m101-opt125m-b64")
-    assert sorted(got) == [64]
-    b = got[64]
-    assert b["paired_ratio"] == want[64]["paired_ratio"]
-    quoted = (29, 1.0366, 0.9933, 1.0799)
-    assert (b["paired_n"], *(round(b[k], 4) for k in ("paired_ratio", "paired_ci_lo", "paired_ci_hi"))) == quoted
-    assert b["paired_verdict"] == stats.verdict(quoted[2], quoted[3], 0.02) == "inconclusive"
-    assert b["paired_equivalent"] is stats.equivalent(quoted[2], quoted[3], 0.02) is False
-    assert (round(b["paired_sd"], 3), b["paired_n_needed"], b["paired_n_inside"]) == (0.114, 127, None)
+    b, _ = _one_batch_quoted(tmp_path, "m101-opt125m-b64", 64, (29, 1.0366, 0.9933, 1.0799), (0.114, 127, None))
+    assert (b["paired_verdict"], b["paired_equivalent"]) == ("inconclusive", False)
     equal = b["equal_server"]["minimal-stream"]
     assert (equal["verdict"], equal["equivalent"], round(equal["mean"], 4)) == ("agree", True, 0.9998)
     load = b["load_side"]["inflight_vs"]["minimal-stream"]
