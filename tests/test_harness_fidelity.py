@@ -1364,10 +1364,10 @@ def test_max_host_ms_turns_a_slow_host_away_before_the_server_starts(
     monkeypatch.setattr(harness_fidelity, "GpuSlots", Slots)
     monkeypatch.setattr(harness_fidelity.fidelity, "load_prompts", lambda *a: _prompts(8))
     monkeypatch.setattr(harness_fidelity, "measure", lambda *a: 0)
+    monkeypatch.setattr(harness_fidelity, "install_signal_handlers", lambda: None)  # keep pytest's own handlers
     assert harness_fidelity.main(["--out", str(tmp_path / "fid"), "--max-host-ms", "0.8"]) == status
     assert measured == ([] if status else [host_ms])
     assert ("host timed 1.01 ms, slower than --max-host-ms 0.8" in capsys.readouterr().out) is bool(status)
-    assert not (tmp_path / "fid").exists()
     with pytest.raises(SystemExit):
         harness_fidelity.parse_args(["--out", "x", "--max-host-ms", "0"])
 
@@ -1509,25 +1509,20 @@ def test_m101_b64_is_inconclusive_on_a_host_slow_from_the_start(tmp_path: Path) 
     assert (round(start, 2), slow, len(runs), round(steal, 3)) == (1.01, 37, 58, 0.097)
 
 
-@pytest.mark.parametrize(
-    ("name", "start_ms", "sds"),
-    [
-        ("m92-opt125m-b512", 0.52, [0.072]), ("m93-opt125m-b512", 1.04, [0.121]), ("m93-opt125m-b64", 1.07, [0.115]),
-        ("m94-opt125m-b512", 0.89, [0.116]), ("m94-opt125m-b64", 1.01, [0.128]), ("m95-opt125m-b512", 0.63, [0.138]),
-        ("m96-opt125m-b512", 0.52, [0.023]), ("m97-opt125m-b64-512", 0.50, [0.080, 0.121]),
-        ("m98-opt125m-b1-64-512", 0.97, [0.099, 0.079, 0.126]), ("m99-opt125m-b1-64-512", 0.71, [0.034, 0.058, 0.076]),
-        ("m100-opt125m-b512", 0.52, [0.029]), ("m101-opt125m-b64", 1.01, [0.114]),
-    ],
-)  # fmt: skip
-def test_a_host_slow_at_the_start_gave_noisy_pairs(name: str, start_ms: float, sds: list[float]) -> None:
-    """The evidence for ``--max-host-ms 0.8`` (bench/GPU_SESSION.md): of the H100 folders of one machine, the four
-    machines whose run started above 0.8 ms (m93, m94, m98, m101) gave pairs' SDs of 7.9-12.8%; those under it
-    2.3-13.8%, so the screen turns away noisy hosts but passing it does not make one quiet."""
-    folder = Path(__file__).resolve().parents[1] / HARNESS_H100 / name
-    if not (folder / "fidelity.json").exists():
+def test_a_host_slow_at_the_start_gave_noisy_pairs() -> None:
+    """The evidence for ``--max-host-ms 0.8`` (bench/GPU_SESSION.md), over every H100 folder of one machine that
+    recorded its host at the run's start (OPT-125M, each batch's pairs against its folder's reference): the six
+    folders of the four machines that started above 0.8 ms gave pairs' SDs of 7.9-12.8%, those under it 2.3-13.8%.
+    So the screen turns away hosts that were all noisy, and passing it does not make a host quiet; a new folder
+    changes these ranges, and the docs that quote them."""
+    root = Path(__file__).resolve().parents[1] / HARNESS_H100
+    docs = [json.loads(f.read_text()) for f in sorted(root.glob("*/fidelity.json"))]
+    if not docs:
         pytest.skip("the H100 harness-fidelity folders are not in this checkout")
-    doc = json.loads((folder / "fidelity.json").read_text())
-    assert round(doc["provenance"]["host_speed_ms"], 2) == start_ms
-    got = [round(b["paired_sd"], 3) for b in doc["batches"]]
-    assert got == sds
-    assert all(0.079 <= sd <= 0.128 for sd in got) if start_ms > 0.8 else all(0.023 <= sd <= 0.138 for sd in got)
+    started = [(d["provenance"]["machine"], d["provenance"]["host_speed_ms"], b["paired_sd"])
+               for d in docs if d.get("provenance", {}).get("host_speed_ms") for b in d["batches"]]  # fmt: skip
+    slow = [sd for _, ms, sd in started if ms > 0.8]
+    fast = [sd for _, ms, sd in started if ms <= 0.8]
+    assert len({m for m, ms, _ in started if ms > 0.8}) == 4 and len({m for m, ms, _ in started}) == 10
+    assert (round(min(slow), 3), round(max(slow), 3)) == (0.079, 0.128)
+    assert (round(min(fast), 3), round(max(fast), 3)) == (0.023, 0.138)
