@@ -133,8 +133,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--run-timeout-s", type=float, default=1800.0)
     ap.add_argument("--max-host-ms", type=float, default=None,
                     help="measure nothing (exit 3) if the host times slower than this before the server starts"
-                         " (provenance.host_speed_ms, the run's recorded host speed): a host slow at the start"
-                         " swung throughout on the H100s so far; default: no screen")  # fmt: skip
+                         " (provenance.host_speed_ms, the run's recorded host speed): on the H100s so far every host"
+                         " above 0.8 ms there gave noisy pairs; default: no screen")  # fmt: skip
     args = ap.parse_args(argv)
     if args.max_host_ms is not None and args.max_host_ms <= 0:
         ap.error(f"--max-host-ms {args.max_host_ms}: give a positive number of ms (0.8 on the H100s so far)")
