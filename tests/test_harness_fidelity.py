@@ -27,8 +27,10 @@ from scipy import stats as sp_stats
 from bench import fidelity, harness_fidelity
 from slmserve import analysis, runner, stats
 from slmserve.loadgen import LoadSpec, _body, run_load, to_frame
-from tests.conftest import requires_engine
+from tests.conftest import ROOT, requires_engine
 from tests.test_loadgen import MODEL, StandInCompletionsServer
+
+HARNESS_H100 = ROOT / "bench/results/h100-harness-fidelity"  # the committed H100 measuring folders
 
 
 class RecordingStandIn(StandInCompletionsServer):
@@ -1227,14 +1229,13 @@ def test_the_committed_h100_pools_are_what_their_folders_give(
 ) -> None:
     """Each pooled folder under bench/results/h100-harness-fidelity/, quoted in REPRODUCTION.md against the
     minimal client, is ``--pool <folders> --reference minimal`` of its committed folders."""
-    root = Path(__file__).resolve().parents[1] / "bench/results/h100-harness-fidelity"
-    paths = [root / f for f in folders]
+    paths = [HARNESS_H100 / f for f in folders]
     if not all((f / "fidelity.csv").exists() for f in paths):
         pytest.skip("the H100 harness-fidelity folders are not in this checkout")
     argv = ["--out", str(tmp_path), "--pool", *map(str, paths), "--reference", "minimal"]
     assert harness_fidelity.main(argv) == 0
     (got,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
-    (want,) = json.loads((root / pooled / "fidelity.json").read_text())["batches"]
+    (want,) = json.loads((HARNESS_H100 / pooled / "fidelity.json").read_text())["batches"]
     keys = ("paired_n", "paired_ratio", "paired_ci_lo", "paired_ci_hi", "paired_verdict", "paired_equivalent",
             "paired_n_needed", "paired_n_inside", "between_sources", "across_sources", "pool_verdict",
             "pool_equivalent", "pair_link")  # fmt: skip
@@ -1378,12 +1379,9 @@ def test_plan_interleaves_repeats_across_batches() -> None:
     assert fidelity.plan([], 3, interleave=True) == []
 
 
-HARNESS_H100 = "bench/results/h100-harness-fidelity"
-
-
 def _judged_again(tmp_path: Path, name: str) -> tuple[dict[int, dict], dict[int, dict]]:
     """The batches of committed H100 folder ``name`` judged again from its runs, and as committed."""
-    folder = Path(__file__).resolve().parents[1] / HARNESS_H100 / name
+    folder = HARNESS_H100 / name
     if not (folder / "fidelity.csv").exists():
         pytest.skip("the H100 harness-fidelity folders are not in this checkout")
     copy = tmp_path / folder.name
@@ -1475,7 +1473,7 @@ def test_m100_b512_is_inside_0_98_to_1_02_with_its_small_differences(tmp_path: P
     assert (round(link["server"]["r"], 3), round(link["host"]["r"], 3)) == (-0.981, -0.249)
     assert link["host"]["ci_hi"] < 0  # weak, and excluding 0
     # that link is three pairs in which ours ran on a slow host timing; without them none is detected
-    rows = fidelity.read_rows(Path(__file__).resolve().parents[1] / HARNESS_H100 / "m100-opt125m-b512" / "fidelity.csv")
+    rows = fidelity.read_rows(HARNESS_H100 / "m100-opt125m-b512" / "fidelity.csv")
     runs = {(r["repeat"], r["client"]): r for r in rows}
     slow = sorted(i for (i, c), r in runs.items() if c == "slmserve" and r["host_speed_ms"] > 0.6)
     assert slow == [18, 45, 51] and max(r["host_speed_ms"] for (i, _), r in runs.items() if i not in slow) < 0.56
@@ -1501,7 +1499,7 @@ def test_m101_b64_is_inconclusive_on_a_host_slow_at_the_runs_start(tmp_path: Pat
     assert link["host"]["ci_lo"] < 0 < link["host"]["ci_hi"]
     # across runs the slower host served less, as on the earlier noisy hosts
     assert round(b["host_link"]["r"], 3) == -0.609 and b["host_link"]["ci_hi"] < 0
-    folder = Path(__file__).resolve().parents[1] / HARNESS_H100 / "m101-opt125m-b64"
+    folder = HARNESS_H100 / "m101-opt125m-b64"
     start = json.loads((folder / "fidelity.json").read_text())["provenance"]["host_speed_ms"]
     runs = fidelity.read_rows(folder / "fidelity.csv")
     slow = sum(r["host_speed_ms"] > 0.8 for r in runs)
@@ -1515,8 +1513,7 @@ def test_a_host_slow_at_the_start_gave_noisy_pairs() -> None:
     folders of the four machines that started above 0.8 ms gave pairs' SDs of 7.9-12.8%, those under it 2.3-13.8%.
     So the screen turns away hosts that were all noisy, and passing it does not make a host quiet; a new folder
     changes these ranges, and the docs that quote them."""
-    root = Path(__file__).resolve().parents[1] / HARNESS_H100
-    docs = [json.loads(f.read_text()) for f in sorted(root.glob("*/fidelity.json"))]
+    docs = [json.loads(f.read_text()) for f in sorted(HARNESS_H100.glob("*/fidelity.json"))]
     if not docs:
         pytest.skip("the H100 harness-fidelity folders are not in this checkout")
     timed = [d for d in docs if d.get("provenance", {}).get("host_speed_ms")]
