@@ -480,9 +480,23 @@ def judge(out: Path, tolerance: float) -> int:
 
 
 # What must be equal for runs to be pooled: the workload and the server (not the batch sizes: they are judged
-# one by one, so folders that measured different batches pool at the batches they share)
-POOL_SAME = ("model_path", "requests", "input_len", "output_len", "warmup_requests", "dtype", "max_model_len",
+# one by one, so folders that measured different batches pool at the batches they share, where each run of a
+# batch sent the same requests: ``_same_requests``)
+POOL_SAME = ("model_path", "input_len", "output_len", "warmup_requests", "dtype", "max_model_len",
              "memory_share", "stream_interval", "no_stream")  # fmt: skip
+
+
+def _same_requests(loaded: list[tuple[Path, dict[str, Any], list[dict[str, Any]]]]) -> None:
+    """Refuse to pool a batch whose runs sent different numbers of requests (the rows' ``n``), in one folder or
+    across folders; folders that ran other batches, or other counts at a batch another folder lacks, pool."""
+    seen: dict[int, tuple[int, Path]] = {}
+    for folder, _, runs in loaded:
+        for run in runs:
+            batch, n = int(run["batch"]), int(run["n"])
+            first_n, first = seen.setdefault(batch, (n, folder))
+            if n != first_n:
+                raise SystemExit(f"--pool: {folder / 'fidelity.csv'}: batch {batch} ran {n} requests a run, {first}"
+                                 f" {first_n}; pool only runs of one workload against one reference")  # fmt: skip
 
 
 def _workload(doc: dict[str, Any]) -> dict[str, Any]:
@@ -515,6 +529,7 @@ def pool(out: Path, folders: list[Path], tolerance: float, reference: str | None
             if value != want[key]:
                 raise SystemExit(f"--pool: {folder / 'fidelity.json'}: {key} is {value!r}, {head} has {want[key]!r};"
                                  " pool only runs of one workload against one reference")  # fmt: skip
+    _same_requests(loaded)
     rows = [{**r, "source": str(folder)} for folder, _, runs in loaded for r in runs]
     sources = [{"folder": str(folder), "runs": len(runs),
                 # folders from before --bench-process ran vllm bench serve as a process a run

@@ -1214,6 +1214,28 @@ def test_pool_against_a_named_reference_that_every_folder_ran(tmp_path: Path) ->
                                "minimal"])  # fmt: skip
 
 
+def _repooled(tmp_path: Path, pooled: str, folders: list[str], reference: str) -> dict[int, dict]:
+    """``--pool <folders> --reference <reference>`` of the committed folders, checked against the committed
+    pooled folder ``pooled`` field by field; its batches by batch size."""
+    paths = [HARNESS_H100 / f for f in folders]
+    if not all((f / "fidelity.csv").exists() for f in paths):
+        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
+    assert harness_fidelity.main(["--out", str(tmp_path), "--pool", *map(str, paths), "--reference", reference]) == 0
+    got = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
+    want = json.loads((HARNESS_H100 / pooled / "fidelity.json").read_text())["batches"]
+    keys = ("batch", "paired_n", "paired_ratio", "paired_ci_lo", "paired_ci_hi", "paired_verdict",
+            "paired_equivalent", "paired_n_needed", "paired_n_inside", "between_sources", "across_sources",
+            "pool_verdict", "pool_equivalent", "pair_link")  # fmt: skip
+
+    def named(batch: dict) -> dict:  # the sources as folder names: the committed pool named them relative
+        apart = batch["between_sources"]
+        return {**batch, "between_sources": {**apart, **{k: {Path(s).name: v for s, v in apart[k].items()}
+                                                         for k in ("means", "counts")}}}  # fmt: skip
+
+    assert [{k: named(b)[k] for k in keys} for b in got] == [{k: named(b)[k] for k in keys} for b in want]
+    return {b["batch"]: b for b in got}
+
+
 @pytest.mark.parametrize(
     ("pooled", "folders", "pairs", "ratio", "across"),
     [
@@ -1229,25 +1251,28 @@ def test_the_committed_h100_pools_are_what_their_folders_give(
 ) -> None:
     """Each pooled folder under bench/results/h100-harness-fidelity/, quoted in REPRODUCTION.md against the
     minimal client, is ``--pool <folders> --reference minimal`` of its committed folders."""
-    paths = [HARNESS_H100 / f for f in folders]
-    if not all((f / "fidelity.csv").exists() for f in paths):
-        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
-    argv = ["--out", str(tmp_path), "--pool", *map(str, paths), "--reference", "minimal"]
-    assert harness_fidelity.main(argv) == 0
-    (got,) = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
-    (want,) = json.loads((HARNESS_H100 / pooled / "fidelity.json").read_text())["batches"]
-    keys = ("paired_n", "paired_ratio", "paired_ci_lo", "paired_ci_hi", "paired_verdict", "paired_equivalent",
-            "paired_n_needed", "paired_n_inside", "between_sources", "across_sources", "pool_verdict",
-            "pool_equivalent", "pair_link")  # fmt: skip
-
-    def named(batch: dict) -> dict:  # the sources as folder names: the committed pool named them relative
-        apart = batch["between_sources"]
-        return {**batch, "between_sources": {**apart, **{k: {Path(s).name: v for s, v in apart[k].items()}
-                                                         for k in ("means", "counts")}}}  # fmt: skip
-
-    assert {k: named(got)[k] for k in keys} == {k: named(want)[k] for k in keys}
+    (got,) = _repooled(tmp_path, pooled, folders, "minimal").values()
     assert (got["paired_n"], round(got["paired_ratio"], 4)) == (pairs, ratio)
     assert round(got["across_sources"]["mean"], 4) == across
+
+
+def test_the_committed_minimal_stream_pool_settles_only_b512(tmp_path: Path) -> None:
+    """Every H100 folder of OPT-125M that ran minimal-stream (m97-m101), pooled against it at the batches each
+    ran, as REPRODUCTION.md quotes it: b=512's pairs land inside 0.98-1.02, b=1's and b=64's do not, and at
+    b=512 the machines-as-a-random-effect reading is still too wide for the pool's verdict."""
+    folders = ["m97-opt125m-b64-512", "m98-opt125m-b1-64-512", "m99-opt125m-b1-64-512", "m100-opt125m-b512",
+               "m101-opt125m-b64"]  # fmt: skip
+    got = _repooled(tmp_path, "m97-m101-opt125m-minimal-stream-pooled", folders, "minimal-stream")
+    quoted = {b: (x["paired_n"], *(round(x[k], 4) for k in ("paired_ratio", "paired_ci_lo", "paired_ci_hi")),
+                  x["paired_verdict"], x["paired_equivalent"], x["pool_verdict"]) for b, x in got.items()}  # fmt: skip
+    assert quoted == {
+        1: (21, 0.9969, 0.9722, 1.0216, "inconclusive", False, "inconclusive"),
+        64: (65, 1.0177, 0.9948, 1.0406, "inconclusive", False, "inconclusive"),
+        512: (116, 0.9958, 0.984, 1.0077, "agree", True, "inconclusive"),
+    }
+    b64 = {"m101-opt125m-b64": 29, "m97-opt125m-b64-512": 15, "m98-opt125m-b1-64-512": 5, "m99-opt125m-b1-64-512": 16}
+    assert got[64]["between_sources"]["counts"] == {str(HARNESS_H100 / f): n for f, n in b64.items()}
+    assert round(got[512]["across_sources"]["mean"], 4) == 0.9939
 
 
 def test_pool_against_minimal_stream(tmp_path: Path) -> None:
@@ -1264,11 +1289,32 @@ def test_pool_against_minimal_stream(tmp_path: Path) -> None:
     assert batch["paired_ratio"] == pytest.approx(99 / 98) and batch["paired_vs"]["minimal"]["n"] == 4
 
 
+def test_pool_pools_folders_of_other_batches_at_the_batches_they_share(tmp_path: Path) -> None:
+    """m99 ran b=1, 64 and 512 (``--requests 1=32 64=1000 512=1500``), m101 b=64 alone (``64=1000``): they pool
+    at b=64, and b=1 and b=512 come from m99 alone; a batch whose runs sent other counts is refused."""
+    three = [r for b, n in ((1, 32), (64, 1000), (512, 1500)) for i in (0, 1)
+             for r in (_row(b, i, "minimal", 50.0, n=n), _row(b, i, "slmserve", 49.5, n=n))]  # fmt: skip
+    one = [r for i in (0, 1) for r in (_row(64, i, "minimal", 40.0, n=1000), _row(64, i, "slmserve", 40.8, n=1000))]
+    a = _measured(tmp_path / "m99", three, "h100-a", "minimal", requests={"1": 32, "64": 1000, "512": 1500})
+    b = _measured(tmp_path / "m101", one, "h100-b", "minimal", requests={"64": 1000})
+    out = tmp_path / "pooled"
+    assert harness_fidelity.main(["--out", str(out), "--pool", str(a), str(b)]) == 0
+    pooled = {x["batch"]: x for x in json.loads((out / "fidelity.json").read_text())["batches"]}
+    assert sorted(pooled) == [1, 64, 512]
+    assert [pooled[b]["paired_n"] for b in (1, 64, 512)] == [2, 4, 2]
+    assert pooled[64]["paired_ratio"] == pytest.approx((2 * 0.99 + 2 * 1.02) / 4)
+    other = [r for i in (0, 1) for r in (_row(64, i, "minimal", 40.0, n=800), _row(64, i, "slmserve", 40.8, n=800))]
+    c = _measured(tmp_path / "m102", other, "h100-c", "minimal", requests={"64": 800})
+    with pytest.raises(SystemExit, match=r"m102/fidelity.csv: batch 64 ran 800 requests a run, \S*m99 1000"):
+        harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", str(a), str(c)])
+
+
 def test_pool_refuses_runs_of_different_workloads(tmp_path: Path) -> None:
     rows = [_row(64, 0, "vllm-bench", 50.0), _row(64, 0, "slmserve", 50.0)]
     a = _measured(tmp_path / "m1", rows, "h200-a")
-    b = _measured(tmp_path / "m2", rows, "h200-b", requests=500)
-    with pytest.raises(SystemExit, match=r"m2/fidelity.json: requests is 500, .*m1 has 1000"):
+    fewer = [_row(64, 0, "vllm-bench", 50.0, n=500), _row(64, 0, "slmserve", 50.0, n=500)]
+    b = _measured(tmp_path / "m2", fewer, "h200-b", requests=500)
+    with pytest.raises(SystemExit, match=r"m2/fidelity.csv: batch 64 ran 500 requests a run, \S*m1 64"):
         harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", str(a), str(b)])
     other = _measured(tmp_path / "m3", rows, "h200-c", model_path="/repo/config/models/opt-125m")
     with pytest.raises(SystemExit, match=r"model_path is 'opt-125m', .*m1 has 'opt-1\.3b'"):
