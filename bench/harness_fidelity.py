@@ -486,17 +486,19 @@ POOL_SAME = ("model_path", "input_len", "output_len", "warmup_requests", "dtype"
              "memory_share", "stream_interval", "no_stream")  # fmt: skip
 
 
-def _same_requests(loaded: list[tuple[Path, dict[str, Any], list[dict[str, Any]]]]) -> None:
-    """Refuse to pool a batch whose runs sent different numbers of requests (the rows' ``n``), in one folder or
-    across folders; folders that ran other batches, or other counts at a batch another folder lacks, pool."""
+def _same_requests(loaded: list[tuple[Path, dict[str, Any], list[dict[str, Any]]]]) -> dict[int, int]:
+    """The requests a run of each batch sent (the rows' ``n``), refusing a batch whose runs sent different
+    numbers, in one folder or across folders; folders that ran other batches pool at the batches they share."""
     seen: dict[int, tuple[int, Path]] = {}
     for folder, _, runs in loaded:
         for run in runs:
             batch, n = int(run["batch"]), int(run["n"])
             first_n, first = seen.setdefault(batch, (n, folder))
             if n != first_n:
-                raise SystemExit(f"--pool: {folder / 'fidelity.csv'}: batch {batch} ran {n} requests a run, {first}"
-                                 f" {first_n}; pool only runs of one workload against one reference")  # fmt: skip
+                raise SystemExit(f"--pool: {folder / 'fidelity.csv'}: batch {batch} ran {n} requests a run where"
+                                 f" {first / 'fidelity.csv'} ran {first_n}; pool only runs of one workload against"
+                                 " one reference")  # fmt: skip
+    return {batch: n for batch, (n, _) in sorted(seen.items())}
 
 
 def _workload(doc: dict[str, Any]) -> dict[str, Any]:
@@ -512,9 +514,10 @@ def pool(out: Path, folders: list[Path], tolerance: float, reference: str | None
     their rows, each tagged with its folder as ``source`` so that a repeat pairs only within its folder
     (:func:`bench.fidelity.summarize`), into ``out/fidelity.csv`` and ``out/fidelity.json``, the latter
     with ``sources`` (folder, machine, GPU model, git SHA, time, runs of each) and the first folder's
-    settings. Folders must share the workload and server settings (``POOL_SAME``) and the reference, unless
-    ``reference`` names it: then every folder must have runs of that client, whichever it judged against (a
-    folder judged against vllm bench serve that ran minimal too pools with one that ran minimal alone; likewise
+    settings but the pool's batch sizes and requests a run. Folders must share the workload and server settings
+    (``POOL_SAME``), each batch's requests (:func:`_same_requests`) and the reference, unless ``reference``
+    names it: then every folder must have runs of that client, whichever it judged against (a folder judged
+    against vllm bench serve that ran minimal too pools with one that ran minimal alone; likewise
     ``minimal-stream``)."""
     loaded = [(folder, *_measured_run(folder, "--pool")) for folder in folders]
     head, head_doc, _ = loaded[0]  # argparse's nargs="+" gives at least one folder
@@ -529,7 +532,7 @@ def pool(out: Path, folders: list[Path], tolerance: float, reference: str | None
             if value != want[key]:
                 raise SystemExit(f"--pool: {folder / 'fidelity.json'}: {key} is {value!r}, {head} has {want[key]!r};"
                                  " pool only runs of one workload against one reference")  # fmt: skip
-    _same_requests(loaded)
+    requests = _same_requests(loaded)
     rows = [{**r, "source": str(folder)} for folder, _, runs in loaded for r in runs]
     sources = [{"folder": str(folder), "runs": len(runs),
                 # folders from before --bench-process ran vllm bench serve as a process a run
@@ -538,7 +541,9 @@ def pool(out: Path, folders: list[Path], tolerance: float, reference: str | None
                for folder, doc, runs in loaded]  # fmt: skip
     subject = head_doc.get("subject", SUBJECT)  # bench/bench_worker_check.py judges another subject
     summary = fidelity.summarize(rows, subject=subject, reference=want["reference"], tolerance=tolerance)
-    doc = {**summary, "sources": sources, "settings": head_doc.get("settings", {})}
+    # the first folder's settings, with the batches and requests of the pool's runs rather than that folder's
+    settings = {**head_doc.get("settings", {}), "batch_sizes": list(requests), "requests": requests}
+    doc = {**summary, "sources": sources, "settings": settings}
     out.mkdir(parents=True, exist_ok=True)
     fidelity.write_outputs(out, rows, doc, columns=("source", *fidelity.CSV_COLUMNS))
     print_summary(summary)

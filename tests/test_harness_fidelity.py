@@ -1303,18 +1303,22 @@ def test_pool_pools_folders_of_other_batches_at_the_batches_they_share(tmp_path:
     assert sorted(pooled) == [1, 64, 512]
     assert [pooled[b]["paired_n"] for b in (1, 64, 512)] == [2, 4, 2]
     assert pooled[64]["paired_ratio"] == pytest.approx((2 * 0.99 + 2 * 1.02) / 4)
+    settings = json.loads((out / "fidelity.json").read_text())["settings"]
+    assert (settings["batch_sizes"], settings["requests"]) == ([1, 64, 512], {"1": 32, "64": 1000, "512": 1500})
     other = [r for i in (0, 1) for r in (_row(64, i, "minimal", 40.0, n=800), _row(64, i, "slmserve", 40.8, n=800))]
     c = _measured(tmp_path / "m102", other, "h100-c", "minimal", requests={"64": 800})
-    with pytest.raises(SystemExit, match=r"m102/fidelity.csv: batch 64 ran 800 requests a run, \S*m99 1000"):
+    with pytest.raises(SystemExit, match=r"m102/fidelity.csv: batch 64 ran 800 requests a run where \S*m99/fidelity"):
         harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", str(a), str(c)])
 
 
 def test_pool_refuses_runs_of_different_workloads(tmp_path: Path) -> None:
-    rows = [_row(64, 0, "vllm-bench", 50.0), _row(64, 0, "slmserve", 50.0)]
+    rows = [_row(64, 0, "vllm-bench", 50.0, n=1000), _row(64, 0, "slmserve", 50.0, n=1000)]
     a = _measured(tmp_path / "m1", rows, "h200-a")
     fewer = [_row(64, 0, "vllm-bench", 50.0, n=500), _row(64, 0, "slmserve", 50.0, n=500)]
     b = _measured(tmp_path / "m2", fewer, "h200-b", requests=500)
-    with pytest.raises(SystemExit, match=r"m2/fidelity.csv: batch 64 ran 500 requests a run, \S*m1 64"):
+    with pytest.raises(
+        SystemExit, match=r"m2/fidelity.csv: batch 64 ran 500 requests a run where \S*m1/fidelity.csv ran 1000"
+    ):
         harness_fidelity.main(["--out", str(tmp_path / "p"), "--pool", str(a), str(b)])
     other = _measured(tmp_path / "m3", rows, "h200-c", model_path="/repo/config/models/opt-125m")
     with pytest.raises(SystemExit, match=r"model_path is 'opt-125m', .*m1 has 'opt-1\.3b'"):
