@@ -1299,11 +1299,12 @@ def test_pool_pools_folders_of_other_batches_at_the_batches_they_share(tmp_path:
     b = _measured(tmp_path / "m101", one, "h100-b", "minimal", requests={"64": 1000})
     out = tmp_path / "pooled"
     assert harness_fidelity.main(["--out", str(out), "--pool", str(a), str(b)]) == 0
-    pooled = {x["batch"]: x for x in json.loads((out / "fidelity.json").read_text())["batches"]}
+    doc = json.loads((out / "fidelity.json").read_text())
+    pooled = {x["batch"]: x for x in doc["batches"]}
     assert sorted(pooled) == [1, 64, 512]
     assert [pooled[b]["paired_n"] for b in (1, 64, 512)] == [2, 4, 2]
     assert pooled[64]["paired_ratio"] == pytest.approx((2 * 0.99 + 2 * 1.02) / 4)
-    settings = json.loads((out / "fidelity.json").read_text())["settings"]
+    settings = doc["settings"]
     assert (settings["batch_sizes"], settings["requests"]) == ([1, 64, 512], {"1": 32, "64": 1000, "512": 1500})
     other = [r for i in (0, 1) for r in (_row(64, i, "minimal", 40.0, n=800), _row(64, i, "slmserve", 40.8, n=800))]
     c = _measured(tmp_path / "m102", other, "h100-c", "minimal", requests={"64": 800})
