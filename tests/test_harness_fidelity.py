@@ -1547,61 +1547,59 @@ def test_m100_b512_is_inside_0_98_to_1_02_with_its_small_differences(tmp_path: P
     assert round(rest["r"], 3) == 0.060 and rest["ci_lo"] < 0 < rest["ci_hi"]
 
 
-def test_m101_b64_is_inconclusive_on_a_host_slow_at_the_runs_start(tmp_path: Path) -> None:
-    """m101 (REPRODUCTION.md, Harness fidelity), judged again from its 29 pairs: b=64 is `inconclusive` with the pairs'
-    SD at 11.4%, on a host that timed 1.01 ms at the run's start and above 0.8 ms in 37 of 58 runs, while at equal
-    server speed the clients agree inside 0.98-1.02."""
-    b, _ = _one_batch_quoted(tmp_path, "m101-opt125m-b64", 64, (29, 1.0366, 0.9933, 1.0799), (0.114, 127, None))
+@pytest.mark.parametrize(
+    ("name", "quoted", "sd_counts", "equal", "client_cores", "links", "host_resolved", "host_link", "host"),
+    [
+        ("m101-opt125m-b64", (29, 1.0366, 0.9933, 1.0799), (0.114, 127, None), 0.9998, 0.0076, (-0.998, -0.250),
+         False, -0.609, (1.01, 37, 58, 0.0971)),
+        ("m102-opt125m-b64", (49, 1.0030, 0.9765, 1.0296), (0.093, 85, 117), 1.0003, 0.0069, (-0.998, -0.406),
+         True, -0.460, (0.55, 19, 99, 0.0015)),
+    ],
+)  # fmt: skip
+def test_the_b64_folders_are_inconclusive_while_the_clients_agree_at_equal_server_speed(
+    tmp_path: Path, name: str, quoted: tuple, sd_counts: tuple, equal: float, client_cores: float,
+    links: tuple, host_resolved: bool, host_link: float, host: tuple,
+) -> None:  # fmt: skip
+    """m101 and m102 (REPRODUCTION.md, Harness fidelity), judged again from their pairs: b=64 is `inconclusive`
+    (the pairs' SD 11.4% on m101's host, 1.01 ms at the run's start and above 0.8 ms in 37 of 58 runs; 9.3% on
+    m102's, which passed the screen at 0.55 ms and was above 0.8 ms in 19 of 99), while at equal server speed the
+    clients agree inside 0.98-1.02 and no difference is detected in the load kept or the API server's cores."""
+    b, _ = _one_batch_quoted(tmp_path, name, 64, quoted, sd_counts)
     assert (b["paired_verdict"], b["paired_equivalent"]) == ("inconclusive", False)
-    equal = b["equal_server"]["minimal-stream"]
-    assert (equal["verdict"], equal["equivalent"], round(equal["mean"], 4)) == ("agree", True, 0.9998)
+    at_equal = b["equal_server"]["minimal-stream"]
+    assert (at_equal["verdict"], at_equal["equivalent"], round(at_equal["mean"], 4)) == ("agree", True, equal)
     load = b["load_side"]["inflight_vs"]["minimal-stream"]
     assert load["ci_lo"] < 1 < load["ci_hi"]
     cores = {k: b["cpu_side"][f"{k}_vs"]["minimal-stream"] for k in ("client_cpu_frac", "api_server_cpu_frac")}
-    assert round(cores["client_cpu_frac"]["mean"], 4) == 0.0076 and cores["client_cpu_frac"]["ci_lo"] > 0
+    assert round(cores["client_cpu_frac"]["mean"], 4) == client_cores and cores["client_cpu_frac"]["ci_lo"] > 0
     assert cores["api_server_cpu_frac"]["ci_lo"] < 0 < cores["api_server_cpu_frac"]["ci_hi"]
     link = b["pair_link"]["minimal-stream"]
-    assert (round(link["server"]["r"], 3), round(link["host"]["r"], 3)) == (-0.998, -0.250)
-    assert link["host"]["ci_lo"] < 0 < link["host"]["ci_hi"]
+    assert (round(link["server"]["r"], 3), round(link["host"]["r"], 3)) == links
+    # m101's pairs show no link to the host-speed difference between their runs; m102's do
+    assert (link["host"]["ci_hi"] < 0) is host_resolved and link["host"]["ci_lo"] < 0
     # across runs the slower host served less, as on the earlier noisy hosts
-    assert round(b["host_link"]["r"], 3) == -0.609 and b["host_link"]["ci_hi"] < 0
-    folder = HARNESS_H100 / "m101-opt125m-b64"
+    assert round(b["host_link"]["r"], 3) == host_link and b["host_link"]["ci_hi"] < 0
+    folder = HARNESS_H100 / name
     start = json.loads((folder / "fidelity.json").read_text())["provenance"]["host_speed_ms"]
     runs = fidelity.read_rows(folder / "fidelity.csv")
     slow = sum(r["host_speed_ms"] > 0.8 for r in runs)
     steal = max(r["host_steal_frac"] for r in runs)
-    assert (round(start, 2), slow, len(runs), round(steal, 3)) == (1.01, 37, 58, 0.097)
+    assert (round(start, 2), slow, len(runs), round(steal, 4)) == host
 
 
-def test_m102_b64_is_inconclusive_on_a_screened_host(tmp_path: Path) -> None:
-    """m102 (REPRODUCTION.md, Harness fidelity), judged again from its 49 pairs: on a host that passed the screen
-    (0.55 ms at the run's start) b=64 is still `inconclusive`, the pairs' SD 9.3%, the host above 0.8 ms in 19 of
-    99 runs; at equal server speed the clients agree inside 0.98-1.02."""
-    b, _ = _one_batch_quoted(tmp_path, "m102-opt125m-b64", 64, (49, 1.0030, 0.9765, 1.0296), (0.093, 85, 117))
-    assert (b["paired_verdict"], b["paired_equivalent"]) == ("inconclusive", False)
-    equal = b["equal_server"]["minimal-stream"]
-    assert (equal["verdict"], equal["equivalent"], round(equal["mean"], 4)) == ("agree", True, 1.0003)
-    load = b["load_side"]["inflight_vs"]["minimal-stream"]
-    assert load["ci_lo"] < 1 < load["ci_hi"]
-    cores = {k: b["cpu_side"][f"{k}_vs"]["minimal-stream"] for k in ("client_cpu_frac", "api_server_cpu_frac")}
-    assert round(cores["client_cpu_frac"]["mean"], 4) == 0.0069 and cores["client_cpu_frac"]["ci_lo"] > 0
-    assert cores["api_server_cpu_frac"]["ci_lo"] < 0 < cores["api_server_cpu_frac"]["ci_hi"]
-    link = b["pair_link"]["minimal-stream"]
-    assert (round(link["server"]["r"], 3), round(link["host"]["r"], 3)) == (-0.998, -0.406)
-    assert link["host"]["ci_hi"] < 0  # unlike m101's, this machine's pairs follow the host-speed difference too
-    assert round(b["host_link"]["r"], 3) == -0.460 and b["host_link"]["ci_hi"] < 0
+def test_m102_b64_drifted_slower_than_a_run() -> None:
+    """m102's runs (REPRODUCTION.md, Harness fidelity): consecutive runs' log throughputs correlate (r 0.38; m101's
+    0.63), and both clients rose over the lease, so part of the spread is drift a pair's two runs share."""
     folder = HARNESS_H100 / "m102-opt125m-b64"
-    start = json.loads((folder / "fidelity.json").read_text())["provenance"]["host_speed_ms"]
+    if not (folder / "fidelity.csv").exists():
+        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
+
+    def lag1(name: str) -> float:
+        logs = [math.log(r["throughput_rps"]) for r in fidelity.read_rows(HARNESS_H100 / name / "fidelity.csv")]
+        return round(statistics.correlation(logs[:-1], logs[1:]), 2)
+
+    assert (lag1("m102-opt125m-b64"), lag1("m101-opt125m-b64")) == (0.38, 0.63)
     runs = fidelity.read_rows(folder / "fidelity.csv")
-    slow = sum(r["host_speed_ms"] > 0.8 for r in runs)
-    steal = max(r["host_steal_frac"] for r in runs)
-    assert (round(start, 2), slow, len(runs), round(steal, 4)) == (0.55, 19, 99, 0.0015)
-    # drift slower than a run: consecutive runs' log throughputs correlate (m101's 0.63), and both clients rose
-    logs = [math.log(r["throughput_rps"]) for r in runs]
-    assert round(statistics.correlation(logs[:-1], logs[1:]), 2) == 0.38
-    m101 = fidelity.read_rows(HARNESS_H100 / "m101-opt125m-b64" / "fidelity.csv")
-    logs = [math.log(r["throughput_rps"]) for r in m101]
-    assert round(statistics.correlation(logs[:-1], logs[1:]), 2) == 0.63
     rps = {c: [r["throughput_rps"] for r in runs if r["client"] == c] for c in ("slmserve", "minimal-stream")}
     assert [round(statistics.mean(x[:10]), 1) for x in rps.values()] == [86.7, 85.6]
     assert [round(statistics.mean(x[-10:]), 1) for x in rps.values()] == [92.7, 94.2]
