@@ -33,6 +33,14 @@ from tests.test_loadgen import MODEL, StandInCompletionsServer
 HARNESS_H100 = ROOT / "bench/results/h100-harness-fidelity"  # the committed H100 measuring folders
 
 
+def _committed(*names: str) -> list[Path]:
+    """The committed H100 folders ``names``; the test is skipped in a checkout without them."""
+    folders = [HARNESS_H100 / n for n in names]
+    if not all((f / "fidelity.csv").exists() for f in folders):
+        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
+    return folders
+
+
 class RecordingStandIn(StandInCompletionsServer):
     """The stand-in, also recording every request body; a prompt starting with ``short_first_token`` gets a
     reply with one completion token fewer than ``max_tokens`` (streamed: ``max_tokens`` chunks, then a usage of
@@ -1217,9 +1225,7 @@ def test_pool_against_a_named_reference_that_every_folder_ran(tmp_path: Path) ->
 def _repooled(tmp_path: Path, pooled: str, folders: list[str], reference: str) -> dict[int, dict]:
     """``--pool <folders> --reference <reference>`` of the committed folders, checked against the committed
     pooled folder ``pooled`` field by field; its batches by batch size."""
-    paths = [HARNESS_H100 / f for f in folders]
-    if not all((f / "fidelity.csv").exists() for f in paths):
-        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
+    paths = _committed(*folders)
     assert harness_fidelity.main(["--out", str(tmp_path), "--pool", *map(str, paths), "--reference", reference]) == 0
     got = json.loads((tmp_path / "fidelity.json").read_text())["batches"]
     want = json.loads((HARNESS_H100 / pooled / "fidelity.json").read_text())["batches"]
@@ -1447,9 +1453,7 @@ def test_plan_interleaves_repeats_across_batches() -> None:
 
 def _judged_again(tmp_path: Path, name: str) -> tuple[dict[int, dict], dict[int, dict]]:
     """The batches of committed H100 folder ``name`` judged again from its runs, and as committed."""
-    folder = HARNESS_H100 / name
-    if not (folder / "fidelity.csv").exists():
-        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
+    (folder,) = _committed(name)
     copy = tmp_path / folder.name
     shutil.copytree(folder, copy)
     assert harness_fidelity.main(["--out", str(copy), "--judge"]) == 0
@@ -1590,16 +1594,13 @@ def test_the_b64_folders_are_inconclusive_while_the_clients_agree_at_equal_serve
 def test_m102_b64_drifted_slower_than_a_run() -> None:
     """m102's runs (REPRODUCTION.md, Harness fidelity): consecutive runs' log throughputs correlate (r 0.38; m101's
     0.63), and both clients rose over the lease, so part of the spread is drift a pair's two runs share."""
-    folder = HARNESS_H100 / "m102-opt125m-b64"
-    if not (folder / "fidelity.csv").exists():
-        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
+    runs, m101 = (fidelity.read_rows(f / "fidelity.csv") for f in _committed("m102-opt125m-b64", "m101-opt125m-b64"))
 
-    def lag1(name: str) -> float:
-        logs = [math.log(r["throughput_rps"]) for r in fidelity.read_rows(HARNESS_H100 / name / "fidelity.csv")]
+    def lag1(rows: list[dict]) -> float:
+        logs = [math.log(r["throughput_rps"]) for r in rows]
         return round(statistics.correlation(logs[:-1], logs[1:]), 2)
 
-    assert (lag1("m102-opt125m-b64"), lag1("m101-opt125m-b64")) == (0.38, 0.63)
-    runs = fidelity.read_rows(folder / "fidelity.csv")
+    assert (lag1(runs), lag1(m101)) == (0.38, 0.63)
     rps = {c: [r["throughput_rps"] for r in runs if r["client"] == c] for c in ("slmserve", "minimal-stream")}
     assert [round(statistics.mean(x[:10]), 1) for x in rps.values()] == [86.7, 85.6]
     assert [round(statistics.mean(x[-10:]), 1) for x in rps.values()] == [92.7, 94.2]
@@ -1609,9 +1610,8 @@ def test_a_host_slow_at_the_start_gave_noisy_pairs() -> None:
     """The evidence for ``--max-host-ms 0.8`` (bench/GPU_SESSION.md), over every H100 folder of one machine that
     recorded its host at the run's start (OPT-125M, each batch's pairs against its folder's reference): the six
     folders of the four machines that started above 0.8 ms gave pairs' SDs of 7.9-12.8%, those of the seven under it
-    2.3-13.8%.
-    So the screen turns away hosts that were all noisy, and passing it does not make a host quiet; a new folder
-    changes these ranges, and the docs that quote them."""
+    2.3-13.8%. So the screen turns away hosts that were all noisy, and passing it does not make a host quiet; a new
+    folder changes these ranges, and the docs that quote them."""
     docs = [json.loads(f.read_text()) for f in sorted(HARNESS_H100.glob("*/fidelity.json"))]
     if not docs:
         pytest.skip("the H100 harness-fidelity folders are not in this checkout")
