@@ -1508,6 +1508,19 @@ def test_the_committed_minimal_stream_runs_are_what_their_runs_give(
     assert all(x["host"]["ci_lo"] < 0 < x["host"]["ci_hi"] for x in link.values())
 
 
+def _runs_and_start(name: str) -> tuple[list[dict], float]:
+    """Committed folder ``name``'s runs and its host timing at the run's start (its provenance)."""
+    (folder,) = _committed(name)
+    start = json.loads((folder / "fidelity.json").read_text())["provenance"]["host_speed_ms"]
+    return fidelity.read_rows(folder / "fidelity.csv"), start
+
+
+def _lag_r(rows: list[dict], k: int) -> float:
+    """The correlation of the runs' log throughputs ``k`` runs apart, in run order, to 2 decimals."""
+    logs = [math.log(r["throughput_rps"]) for r in rows]
+    return round(statistics.correlation(logs[:-k], logs[k:]), 2)
+
+
 def _one_batch_quoted(tmp_path: Path, name: str, batch: int, quoted: tuple, sd_counts: tuple) -> tuple[dict, dict]:
     """Committed one-batch folder ``name`` judged again, and as committed: its paired ratio unchanged and as
     ``quoted`` (n, mean, CI ends), its verdict and `equivalent` reading those of the quoted CI, and its pairs' SD,
@@ -1583,9 +1596,7 @@ def test_the_b64_folders_are_inconclusive_while_the_clients_agree_at_equal_serve
     assert (link["host"]["ci_hi"] < 0) is host_resolved and link["host"]["ci_lo"] < 0
     # across runs the slower host served less, as on the earlier noisy hosts
     assert round(b["host_link"]["r"], 3) == host_link and b["host_link"]["ci_hi"] < 0
-    folder = HARNESS_H100 / name
-    start = json.loads((folder / "fidelity.json").read_text())["provenance"]["host_speed_ms"]
-    runs = fidelity.read_rows(folder / "fidelity.csv")
+    runs, start = _runs_and_start(name)
     slow = sum(r["host_speed_ms"] > 0.8 for r in runs)
     steal = max(r["host_steal_frac"] for r in runs)
     assert (round(start, 2), slow, len(runs), round(steal, 4)) == host
@@ -1595,12 +1606,7 @@ def test_m102_b64_drifted_slower_than_a_run() -> None:
     """m102's runs (REPRODUCTION.md, Harness fidelity): consecutive runs' log throughputs correlate (r 0.38; m101's
     0.63), and both clients rose over the lease, so part of the spread is drift a pair's two runs share."""
     runs, m101 = (fidelity.read_rows(f / "fidelity.csv") for f in _committed("m102-opt125m-b64", "m101-opt125m-b64"))
-
-    def lag1(rows: list[dict]) -> float:
-        logs = [math.log(r["throughput_rps"]) for r in rows]
-        return round(statistics.correlation(logs[:-1], logs[1:]), 2)
-
-    assert (lag1(runs), lag1(m101)) == (0.38, 0.63)
+    assert (_lag_r(runs, 1), _lag_r(m101, 1)) == (0.38, 0.63)
     rps = {c: [r["throughput_rps"] for r in runs if r["client"] == c] for c in ("slmserve", "minimal-stream")}
     assert [round(statistics.mean(x[:10]), 1) for x in rps.values()] == [86.7, 85.6]
     assert [round(statistics.mean(x[-10:]), 1) for x in rps.values()] == [92.7, 94.2]
@@ -1629,9 +1635,7 @@ def test_m103_b1_is_inconclusive_while_its_pairs_differ_only_in_the_server(tmp_p
     assert (round(link["server"]["r"], 3), round(link["host"]["r"], 3)) == (-1.0, 0.093)
     assert link["host"]["ci_lo"] < 0 < link["host"]["ci_hi"]
     assert round(b["host_link"]["r"], 3) == -0.541 and b["host_link"]["ci_hi"] < 0
-    (folder,) = _committed("m103-opt125m-b1")
-    start = json.loads((folder / "fidelity.json").read_text())["provenance"]["host_speed_ms"]
-    runs = fidelity.read_rows(folder / "fidelity.csv")
+    runs, start = _runs_and_start("m103-opt125m-b1")
     slow = sum(r["host_speed_ms"] > 0.8 for r in runs)
     swing = (min(r["host_speed_ms"] for r in runs), max(r["host_speed_ms"] for r in runs))
     steal = max(r["host_steal_frac"] for r in runs)
@@ -1639,19 +1643,13 @@ def test_m103_b1_is_inconclusive_while_its_pairs_differ_only_in_the_server(tmp_p
     assert host == (0.54, 49, 141, (0.47, 1.13), 0.049)
     # the read at the warm-up's end: every run has the server's latency after it (m99's b=1: 3 of 33)
     assert all(r["server_measured_requests"] == r["n"] == 16 for r in runs)
-    logs = [math.log(r["throughput_rps"]) for r in runs]
-    lags = [round(statistics.correlation(logs[:-k], logs[k:]), 2) for k in (1, 2, 5)]
-    assert lags == [0.64, 0.62, 0.32]
+    assert [_lag_r(runs, k) for k in (1, 2, 5)] == [0.64, 0.62, 0.32]
     # against m99's b=1 (32 requests a run): the pair's runs alike as much, each run three times as variable
-    (m99,) = _committed("m99-opt125m-b1-64-512")
-    m99_runs = [r for r in fidelity.read_rows(m99 / "fidelity.csv") if r["batch"] == 1]
-    for rows, within, cv in ((runs, 0.65, 0.124), (m99_runs, 0.66, 0.040)):
-        rps = {(r["repeat"], r["client"]): r["throughput_rps"] for r in rows}
-        pairs = [(math.log(x), math.log(rps[i, "minimal-stream"]))
-                 for (i, c), x in rps.items() if c == "slmserve" and (i, "minimal-stream") in rps]  # fmt: skip
-        assert round(statistics.correlation(*zip(*pairs, strict=True)), 2) == within
-        ours = [x for (_, c), x in rps.items() if c == "slmserve"]
-        assert round(statistics.stdev(ours) / statistics.mean(ours), 3) == cv
+    m99 = [r for r in _runs_and_start("m99-opt125m-b1-64-512")[0] if r["batch"] == 1]
+    for rows, within, cv in ((runs, 0.65, 0.124), (m99, 0.66, 0.040)):
+        ours, theirs = zip(*fidelity._pairs(rows, "slmserve", "minimal-stream", "throughput_rps"), strict=True)
+        assert round(statistics.correlation([math.log(x) for x in ours], [math.log(x) for x in theirs]), 2) == within
+        assert round(fidelity.cv([r["throughput_rps"] for r in rows if r["client"] == "slmserve"]), 3) == cv
 
 
 def test_a_host_slow_at_the_start_gave_noisy_pairs() -> None:
