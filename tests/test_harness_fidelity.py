@@ -1515,6 +1515,13 @@ def _runs_and_start(name: str) -> tuple[list[dict], float]:
     return fidelity.read_rows(folder / "fidelity.csv"), start
 
 
+def _host_over(runs: list[dict]) -> tuple[int, int, float, float, float]:
+    """Of ``runs``: how many timed the host above the 0.8 ms screen, of how many, the fastest and slowest timing,
+    and the most CPU steal."""
+    speeds = [r["host_speed_ms"] for r in runs]
+    return sum(ms > 0.8 for ms in speeds), len(runs), min(speeds), max(speeds), max(r["host_steal_frac"] for r in runs)
+
+
 def _lag_r(rows: list[dict], k: int) -> float:
     """The correlation of the runs' log throughputs ``k`` runs apart, in run order, to 2 decimals."""
     logs = [math.log(r["throughput_rps"]) for r in rows]
@@ -1597,9 +1604,8 @@ def test_the_b64_folders_are_inconclusive_while_the_clients_agree_at_equal_serve
     # across runs the slower host served less, as on the earlier noisy hosts
     assert round(b["host_link"]["r"], 3) == host_link and b["host_link"]["ci_hi"] < 0
     runs, start = _runs_and_start(name)
-    slow = sum(r["host_speed_ms"] > 0.8 for r in runs)
-    steal = max(r["host_steal_frac"] for r in runs)
-    assert (round(start, 2), slow, len(runs), round(steal, 4)) == host
+    slow, n, _, _, steal = _host_over(runs)
+    assert (round(start, 2), slow, n, round(steal, 4)) == host
 
 
 def test_m102_b64_drifted_slower_than_a_run() -> None:
@@ -1636,16 +1642,15 @@ def test_m103_b1_is_inconclusive_while_its_pairs_differ_only_in_the_server(tmp_p
     assert link["host"]["ci_lo"] < 0 < link["host"]["ci_hi"]
     assert round(b["host_link"]["r"], 3) == -0.541 and b["host_link"]["ci_hi"] < 0
     runs, start = _runs_and_start("m103-opt125m-b1")
-    slow = sum(r["host_speed_ms"] > 0.8 for r in runs)
-    swing = (min(r["host_speed_ms"] for r in runs), max(r["host_speed_ms"] for r in runs))
-    steal = max(r["host_steal_frac"] for r in runs)
-    host = (round(start, 2), slow, len(runs), tuple(round(x, 2) for x in swing), round(steal, 3))
+    slow, n, fastest, slowest, steal = _host_over(runs)
+    host = (round(start, 2), slow, n, (round(fastest, 2), round(slowest, 2)), round(steal, 3))
     assert host == (0.54, 49, 141, (0.47, 1.13), 0.049)
     # the read at the warm-up's end: every run has the server's latency after it (m99's b=1: 3 of 33)
     assert all(r["server_measured_requests"] == r["n"] == 16 for r in runs)
     assert [_lag_r(runs, k) for k in (1, 2, 5)] == [0.64, 0.62, 0.32]
     # against m99's b=1 (32 requests a run): the pair's runs alike as much, each run three times as variable
-    m99 = [r for r in _runs_and_start("m99-opt125m-b1-64-512")[0] if r["batch"] == 1]
+    (m99_folder,) = _committed("m99-opt125m-b1-64-512")
+    m99 = [r for r in fidelity.read_rows(m99_folder / "fidelity.csv") if r["batch"] == 1]
     for rows, within, cv in ((runs, 0.65, 0.124), (m99, 0.66, 0.040)):
         ours, theirs = zip(*fidelity._pairs(rows, "slmserve", "minimal-stream", "throughput_rps"), strict=True)
         assert round(statistics.correlation([math.log(x) for x in ours], [math.log(x) for x in theirs]), 2) == within
