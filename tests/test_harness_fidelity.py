@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import functools
 import json
 import math
 import os
@@ -1528,6 +1529,28 @@ def _lag_r(rows: list[dict], k: int) -> float:
     return round(statistics.correlation(logs[:-k], logs[k:]), 2)
 
 
+def _pair_log_r(rows: list[dict]) -> float:
+    """The correlation of a pair's two runs' log throughputs (ours, ``minimal-stream``'s), to 2 decimals."""
+    ours, theirs = zip(*fidelity._pairs(rows, "slmserve", "minimal-stream", "throughput_rps"), strict=True)
+    return round(statistics.correlation([math.log(x) for x in ours], [math.log(x) for x in theirs]), 2)
+
+
+def _first_last_ten(rows: list[dict]) -> tuple[list[float], list[float]]:
+    """Ours' and ``minimal-stream``'s mean req/s over their first ten runs, and over their last ten, to 1 decimal."""
+    rps = [[r["throughput_rps"] for r in rows if r["client"] == c] for c in ("slmserve", "minimal-stream")]
+    return [round(statistics.mean(x[:10]), 1) for x in rps], [round(statistics.mean(x[-10:]), 1) for x in rps]
+
+
+@functools.cache
+def _h100_docs() -> dict[str, dict]:
+    """Every committed H100 folder's ``fidelity.json`` by folder name, read once; the test is skipped in a checkout
+    without them."""
+    docs = {f.parent.name: json.loads(f.read_text()) for f in sorted(HARNESS_H100.glob("*/fidelity.json"))}
+    if not docs:
+        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
+    return docs
+
+
 def _one_batch_quoted(tmp_path: Path, name: str, batch: int, quoted: tuple, sd_counts: tuple) -> tuple[dict, dict]:
     """Committed one-batch folder ``name`` judged again, and as committed: its paired ratio unchanged and as
     ``quoted`` (n, mean, CI ends), its verdict and `equivalent` reading those of the quoted CI, and its pairs' SD,
@@ -1624,9 +1647,7 @@ def test_m102_b64_drifted_slower_than_a_run() -> None:
     0.63), and both clients rose over the lease, so part of the spread is drift a pair's two runs share."""
     runs, m101 = (fidelity.read_rows(f / "fidelity.csv") for f in _committed("m102-opt125m-b64", "m101-opt125m-b64"))
     assert (_lag_r(runs, 1), _lag_r(m101, 1)) == (0.38, 0.63)
-    rps = {c: [r["throughput_rps"] for r in runs if r["client"] == c] for c in ("slmserve", "minimal-stream")}
-    assert [round(statistics.mean(x[:10]), 1) for x in rps.values()] == [86.7, 85.6]
-    assert [round(statistics.mean(x[-10:]), 1) for x in rps.values()] == [92.7, 94.2]
+    assert _first_last_ten(runs) == ([86.7, 85.6], [92.7, 94.2])
 
 
 def test_m103_b1_is_inconclusive_while_its_pairs_differ_only_in_the_server(tmp_path: Path) -> None:
@@ -1659,8 +1680,7 @@ def test_m103_b1_is_inconclusive_while_its_pairs_differ_only_in_the_server(tmp_p
     (m99_folder,) = _committed("m99-opt125m-b1-64-512")
     m99 = [r for r in fidelity.read_rows(m99_folder / "fidelity.csv") if r["batch"] == 1]
     for rows, within, cv in ((runs, 0.65, 0.124), (m99, 0.66, 0.040)):
-        ours, theirs = zip(*fidelity._pairs(rows, "slmserve", "minimal-stream", "throughput_rps"), strict=True)
-        assert round(statistics.correlation([math.log(x) for x in ours], [math.log(x) for x in theirs]), 2) == within
+        assert _pair_log_r(rows) == within
         assert round(fidelity.cv([r["throughput_rps"] for r in rows if r["client"] == "slmserve"]), 3) == cv
 
 
@@ -1694,14 +1714,11 @@ def test_m104_b64_is_inside_0_98_to_1_02_with_or_without_its_stolen_run(tmp_path
     assert stolen["throughput_rps"] == min(r["throughput_rps"] for r in runs)
     assert max(r["host_steal_frac"] for r in runs if r is not stolen) < 0.0011
     rest = [r for r in runs if r["repeat"] != 47]
-    kept = stats.describe([a / c for a, c in fidelity._pairs(rest, "slmserve", "minimal-stream", "throughput_rps")])
+    kept = fidelity._paired(rest, "slmserve", "minimal-stream", "throughput_rps")
     assert (kept["n"], *(round(kept[k], 4) for k in ("mean", "ci_lo", "ci_hi"))) == (102, 1.0021, 0.9922, 1.0121)
     assert stats.equivalent(kept["ci_lo"], kept["ci_hi"], 0.02)
-    rps = {c: [r["throughput_rps"] for r in runs if r["client"] == c] for c in ("slmserve", "minimal-stream")}
-    assert [round(statistics.mean(x[:10]), 1) for x in rps.values()] == [79.7, 78.3]
-    assert [round(statistics.mean(x[-10:]), 1) for x in rps.values()] == [75.0, 76.7]
-    ours, theirs = zip(*fidelity._pairs(runs, "slmserve", "minimal-stream", "throughput_rps"), strict=True)
-    assert round(statistics.correlation([math.log(x) for x in ours], [math.log(x) for x in theirs]), 2) == 0.65
+    assert _first_last_ten(runs) == ([79.7, 78.3], [75.0, 76.7])
+    assert _pair_log_r(runs) == 0.65
 
 
 def test_the_hosts_cpu_model_split_the_pairs_sds() -> None:
@@ -1709,9 +1726,7 @@ def test_the_hosts_cpu_model_split_the_pairs_sds() -> None:
     machine that recorded the host's CPU (each batch's pairs against its folder's reference), the four machines of
     CPUID 6/143/8 gave pairs' SDs of 2.9-7.6%, the nine of 6/207/2 7.9-13.8% but for m96's 2.3%; a new folder
     changes these ranges, and the docs that quote them."""
-    folders = {f.parent.name: json.loads(f.read_text()) for f in sorted(HARNESS_H100.glob("*/fidelity.json"))}
-    if not folders:
-        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
+    folders = _h100_docs()
     by_cpu: dict[str, dict[str, list[float]]] = {}
     for name, d in folders.items():
         if cpu := d.get("provenance", {}).get("cpu_id"):
@@ -1732,10 +1747,7 @@ def test_a_host_slow_at_the_start_gave_noisy_pairs() -> None:
     folders of the four machines that started above 0.8 ms gave pairs' SDs of 7.9-12.8%, those of the nine under it
     2.3-13.8%. So the screen turns away hosts that were all noisy, and passing it does not make a host quiet; a new
     folder changes these ranges, and the docs that quote them."""
-    docs = [json.loads(f.read_text()) for f in sorted(HARNESS_H100.glob("*/fidelity.json"))]
-    if not docs:
-        pytest.skip("the H100 harness-fidelity folders are not in this checkout")
-    timed = [d for d in docs if d.get("provenance", {}).get("host_speed_ms")]
+    timed = [d for d in _h100_docs().values() if d.get("provenance", {}).get("host_speed_ms")]
     assert sum(d["provenance"]["host_speed_ms"] > 0.8 for d in timed) == 6
     started = [(d["provenance"]["machine"], d["provenance"]["host_speed_ms"], b["paired_sd"])
                for d in timed for b in d["batches"]]  # fmt: skip
