@@ -1577,13 +1577,15 @@ def _ratio_latency_equal(b: dict) -> tuple[tuple, tuple, tuple]:
     )
 
 
-def _links_host_and_lags(b: dict, want: dict, name: str, quoted: tuple) -> list[dict]:
+def _links_host_and_lags(
+    b: dict, want: dict, name: str, *, links: tuple, host_link: float, host: tuple, lags: list[float]
+) -> list[dict]:
     """Of committed one-batch folder ``name`` judged again as ``b`` (``want`` as committed), against what the text
-    quotes: the pair links as committed, with ``(server r, host-difference r)`` and the host one not resolved; the
-    across-runs host link's r, resolved below 0; the host at the run's start, the runs above 0.8 ms and of how many,
-    the fastest and slowest timing and the most steal; and the runs' log-throughput correlations 1, 2 and 5 runs
-    apart. Every run had the server's latency after its warm-up (the read at the warm-up's end). The runs."""
-    links, host_link, host, lags = quoted
+    quotes: the pair links as committed, with ``links`` (server r, host-difference r) and the host one not resolved;
+    the across-runs host link's r ``host_link``, resolved below 0; ``host``: the host at the run's start, the runs
+    above 0.8 ms and of how many, the fastest and slowest timing and the most steal; and ``lags``: the runs'
+    log-throughput correlations 1, 2 and 5 runs apart. Every run had the server's latency after its warm-up (the
+    read at the warm-up's end). The runs."""
     assert b["pair_link"] == want["pair_link"]
     link = b["pair_link"]["minimal-stream"]
     assert (round(link["server"]["r"], 3), round(link["host"]["r"], 3)) == links
@@ -1685,8 +1687,8 @@ def test_m103_b1_is_inconclusive_while_its_pairs_differ_only_in_the_server(tmp_p
     assert round(cores["client_cpu_frac"]["mean"], 4) == 0.0009 and cores["client_cpu_frac"]["ci_lo"] > 0
     assert cores["api_server_cpu_frac"]["ci_lo"] < 0 < cores["api_server_cpu_frac"]["ci_hi"]
     # every run has the server's latency after its warm-up (m99's b=1: 3 of 33)
-    runs = _links_host_and_lags(b, want, "m103-opt125m-b1", (
-        (-1.0, 0.093), -0.541, (0.54, 49, 141, 0.47, 1.13, 0.049), [0.64, 0.62, 0.32]))  # fmt: skip
+    runs = _links_host_and_lags(b, want, "m103-opt125m-b1", links=(-1.0, 0.093), host_link=-0.541,
+                                host=(0.54, 49, 141, 0.47, 1.13, 0.049), lags=[0.64, 0.62, 0.32])  # fmt: skip
     # against m99's b=1 (32 requests a run): the pair's runs alike as much, each run three times as variable
     (m99_folder,) = _committed("m99-opt125m-b1-64-512")
     m99 = [r for r in fidelity.read_rows(m99_folder / "fidelity.csv") if r["batch"] == 1]
@@ -1708,8 +1710,8 @@ def test_m104_b64_is_inside_0_98_to_1_02_with_or_without_its_stolen_run(tmp_path
     assert all(d["minimal-stream"]["ci_lo"] < null < d["minimal-stream"]["ci_hi"] for d, null in none_at)
     client = b["cpu_side"]["client_cpu_frac_vs"]["minimal-stream"]
     assert round(client["mean"], 4) == 0.0072 and client["ci_lo"] > 0
-    runs = _links_host_and_lags(b, want, "m104-opt125m-b64", (
-        (-0.998, -0.185), -0.363, (0.54, 4, 207, 0.53, 0.89, 0.2613), [0.57, 0.41, 0.29]))  # fmt: skip
+    runs = _links_host_and_lags(b, want, "m104-opt125m-b64", links=(-0.998, -0.185), host_link=-0.363,
+                                host=(0.54, 4, 207, 0.53, 0.89, 0.2613), lags=[0.57, 0.41, 0.29])  # fmt: skip
     # the stolen run is ours at repeat 47, the lowest; every other run's steal is at most 0.11%
     stolen = max(runs, key=lambda r: r["host_steal_frac"])
     assert (stolen["repeat"], stolen["client"], round(stolen["throughput_rps"], 1)) == (47, "slmserve", 57.2)
@@ -1737,10 +1739,10 @@ def test_m105_b1_is_inside_0_98_to_1_02_where_m103_was_not(tmp_path: Path) -> No
     assert 1 < load["ci_lo"] < load["ci_hi"] < 1.0002 and lag["ci_lo"] > 0 and round(lag["mean"] * 1000, 2) == 0.07
     for cores in ("client_cpu_frac_vs", "api_server_cpu_frac_vs"):
         assert b["cpu_side"][cores]["minimal-stream"]["ci_lo"] < 0 < b["cpu_side"][cores]["minimal-stream"]["ci_hi"]
-    runs = _links_host_and_lags(b, want, "m105-opt125m-b1", (
-        (-1.0, -0.108), -0.594, (0.54, 3, 141, 0.52, 0.82, 0.0015), [0.74, 0.65, 0.58]))  # fmt: skip
+    runs = _links_host_and_lags(b, want, "m105-opt125m-b1", links=(-1.0, -0.108), host_link=-0.594,
+                                host=(0.54, 3, 141, 0.52, 0.82, 0.0015), lags=[0.74, 0.65, 0.58])  # fmt: skip
     assert _first_last_ten(runs) == ([2.2, 2.3], [2.7, 2.7]) and _pair_log_r(runs) == 0.81
-    ratios = [ours / theirs for ours, theirs in fidelity._pairs(runs, "slmserve", "minimal-stream", "throughput_rps")]
+    ratios = [ratio for _, ratio in fidelity._pair_ratios(runs, "slmserve", "minimal-stream", "throughput_rps")]
     assert (round(statistics.stdev(ratios[:20]), 3), round(statistics.stdev(ratios[20:]), 3)) == (0.083, 0.033)
     host = [r["host_speed_ms"] for r in runs]  # the first 20 pairs' 40 runs, and the rest
     assert (round(statistics.mean(host[:40]), 2), round(statistics.mean(host[40:]), 2)) == (0.61, 0.55)
